@@ -1,0 +1,128 @@
+"""The backend boundary: a Session protocol and the registry of hardware backends.
+
+Only modules in this package import an inference engine (llama_cpp, mlx, onnxruntime), and they do
+so lazily, so `localinfer --help` stays fast and works without any engine installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal, Protocol, Sequence
+
+import numpy as np
+
+from localinfer.errors import UsageError
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 0                # 0: the model's trained context, capped by DEFAULT_MAX_CTX
+    n_threads: int = 0            # 0: one per physical core
+    n_batch: int = 512            # tokens per llama_decode call during prefill
+    verbose: bool = False         # let the engine's own log lines through to stderr
+
+
+class Session(Protocol):
+    """One loaded model with one KV-cache sequence."""
+
+    n_vocab: int
+    n_ctx: int
+    n_past: int                   # tokens now in the KV cache
+    bos_token: int | None
+    eos_token: int | None
+    add_bos: bool                 # whether the model expects BOS at the start of a prompt
+    chat_template: str | None
+    metadata: dict[str, str]
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]: ...
+    def is_eog(self, token: int) -> bool: ...
+    def token_text(self, token: int) -> str: ...
+    def piece(self, token: int) -> bytes: ...
+    def detokenize(self, tokens: Sequence[int]) -> bytes: ...
+    def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
+        """Append tokens to the KV cache; return logits of the last position (1-D) or of all (2-D).
+
+        The array may be a view into engine memory, valid only until the next eval.
+        """
+        ...
+    def trim(self, n_keep: int) -> bool:
+        """Drop KV entries past n_keep; False when the engine cannot (the caller then resets)."""
+        ...
+    def reset(self) -> None: ...
+    def state(self) -> bytes: ...
+    def restore(self, blob: bytes, n_past: int) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    is_available: Callable[[], bool]
+    supports_architecture: Callable[[str], bool]
+    load: Callable[[Path, LoadOptions], Session]
+    describe: Callable[[], dict]   # facts for `localinfer devices`
+
+
+def _llama_cpp() -> Backend:
+    from localinfer.backends import llama_cpp
+    return llama_cpp.BACKEND
+
+
+# Registry in order of preference for `auto`; later backends (MLX, ONNX Runtime) add a line here.
+_REGISTRY: dict[str, Callable[[], Backend]] = {
+    "llama.cpp": _llama_cpp,
+}
+
+BACKEND_CHOICES = ("auto", *_REGISTRY)
+
+
+def get(name: str) -> Backend:
+    if name not in _REGISTRY:
+        raise UsageError(f"unknown backend '{name}'; choose one of: {', '.join(BACKEND_CHOICES)}")
+    return _REGISTRY[name]()
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    reason: str
+
+
+def choose(requested: str, architecture: str | None, available: dict[str, bool],
+           supports: Callable[[str, str], bool]) -> Choice:
+    """Pick a backend: the requested one, or the first available one that runs the architecture.
+
+    A pure function of its arguments so selection is testable without any engine installed.
+    """
+    if requested != "auto":
+        if requested not in available:
+            raise UsageError(f"unknown backend '{requested}'; choose one of: {', '.join(BACKEND_CHOICES)}")
+        if not available[requested]:
+            raise UsageError(f"backend '{requested}' is not installed on this machine")
+        return Choice(requested, "requested with --backend")
+    for name, ok in available.items():
+        if not ok:
+            continue
+        if architecture is None or supports(name, architecture):
+            why = "the preferred backend on this machine" if name == next(iter(available)) else \
+                "the first available backend that runs this architecture"
+            return Choice(name, why)
+    raise UsageError("no installed backend can run this model")
+
+
+def available_backends() -> dict[str, bool]:
+    return {name: _safe_available(name) for name in _REGISTRY}
+
+
+def _safe_available(name: str) -> bool:
+    try:
+        return get(name).is_available()
+    except ImportError:
+        return False
+
+
+def select(requested: str, architecture: str | None) -> tuple[Backend, Choice]:
+    choice = choose(requested, architecture, available_backends(),
+                    lambda name, arch: get(name).supports_architecture(arch))
+    return get(choice.backend), choice

@@ -1,0 +1,314 @@
+"""The command line. Only this module knows about the terminal, stdin and exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Optional
+
+import click
+import typer
+
+from localinfer import console, runner
+from localinfer.backends import BACKEND_CHOICES, LoadOptions
+from localinfer.decode import Generation, KVCache, Limits
+from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError,
+                               UsageError)
+from localinfer.sampling import SamplingParams, make_sampler
+
+app = typer.Typer(
+    help="Run language models locally, as fast as the hardware allows.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_debug = False
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+    """Run language models locally, as fast as the hardware allows."""
+
+
+# -- shared options -------------------------------------------------------------------------------
+def _backend_option():
+    return typer.Option("auto", "--backend", help=f"Inference backend: {'|'.join(BACKEND_CHOICES)}.")
+
+
+def _load_options(ctx: int, threads: int, verbose: bool) -> LoadOptions:
+    return LoadOptions(n_ctx=ctx, n_threads=threads, verbose=verbose)
+
+
+def _open(model: str, *, backend: str, offline: bool, options: LoadOptions) -> runner.LoadedModel:
+    conf, cat, store = runner.context()
+    ref = runner.parse_ref(model, cat)
+    path = runner.locate(ref, store, offline=offline, progress=console.interactive(),
+                         notify=console.note)
+    return runner.load(ref, path, backend=backend, options=options)
+
+
+# -- run ------------------------------------------------------------------------------------------
+@app.command()
+def run(
+    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a path to a .gguf file."),
+    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' reads it from stdin alone. "
+                                           "Piped stdin is put before it."),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message for chat models."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
+    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy and deterministic."),
+    top_k: int = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens; 0 = off."),
+    top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass."),
+    min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0,
+                                help="Drop tokens below this fraction of the top probability."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
+                                         help="Penalty for recently seen tokens; 1 = off."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
+    max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1,
+                                   help="Stop after this many tokens; -1 = until the model ends."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    ctx: int = typer.Option(0, "--ctx", "-c", min=0, help="Context length; 0 = model's, up to 4096."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    backend: str = _backend_option(),
+    offline: bool = typer.Option(False, "--offline", help="Never download; fail if not on disk."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings and engine logs on stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+) -> None:
+    """Generate a completion and stream it to stdout."""
+    if max_tokens == 0:
+        raise UsageError("--max-tokens must be -1 (no limit) or at least 1")
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed)
+    sampler = make_sampler(params)
+    if prompt is None and console.interactive(sys.stdin):
+        from localinfer import chat as chat_mod
+        loaded = _open(model, backend=backend, offline=offline,
+                       options=_load_options(ctx, threads, verbose))
+        chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens, tuple(stop)))
+        return
+    text = combine_input(read_stdin(), prompt)
+    loaded = _open(model, backend=backend, offline=offline, options=_load_options(ctx, threads, verbose))
+    session = loaded.session
+    if runner.uses_chat_template(session, raw):
+        tokens = runner.chat_tokens(session, _messages(text, system))
+    else:
+        if system and not raw:
+            console.warn("this model has no chat template; --system is ignored")
+        tokens = runner.raw_tokens(session, text)
+    generation = Generation(KVCache(session), tokens, sampler, Limits(max_tokens, tuple(stop)))
+    generation.stats.load_s = loaded.load_s
+    _emit(generation, loaded, as_json=as_json, verbose=verbose)
+
+
+def _messages(text: str, system: str | None) -> list[dict[str, str]]:
+    from localinfer.templates import messages_for
+    return messages_for(text, system)
+
+
+def read_stdin() -> str | None:
+    """Piped input, or None when stdin is a terminal or absent."""
+    stream = sys.stdin
+    if stream is None or console.interactive(stream):
+        return None
+    try:
+        return stream.read()
+    except (OSError, ValueError):
+        return None
+
+
+def combine_input(stdin_text: str | None, prompt: str | None) -> str:
+    """`{stdin}\\n\\n{prompt}`, either part optional; prompt '-' means stdin alone."""
+    if prompt == "-":
+        prompt = None
+    parts = [p for p in ((stdin_text or "").rstrip("\n"), prompt or "") if p.strip()]
+    if not parts:
+        raise UsageError("the prompt is empty; pass PROMPT or pipe text on stdin")
+    return "\n\n".join(parts)
+
+
+def _emit(generation: Generation, loaded: runner.LoadedModel, *, as_json: bool, verbose: bool) -> None:
+    pieces: list[str] = []
+    try:
+        for piece in generation:
+            pieces.append(piece)
+            if not as_json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        generation.stats.finish_reason = "interrupted"
+        _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
+        raise
+    _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
+
+
+def _finish(generation: Generation, loaded: runner.LoadedModel, pieces: list[str], *,
+            as_json: bool, verbose: bool) -> None:
+    stats = generation.stats
+    if as_json:
+        record = {"model": loaded.ref.display, "backend": loaded.backend, "text": "".join(pieces),
+                  **stats.as_dict()}
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+    elif not "".join(pieces[-1:]).endswith("\n"):
+        sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it
+    sys.stdout.flush()
+    if verbose:
+        console.note(format_stats(stats, loaded))
+
+
+def format_stats(stats, loaded: runner.LoadedModel) -> str:
+    cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
+    return (f"{loaded.ref.display} on {loaded.backend} · load {stats.load_s:.2f} s · "
+            f"prompt {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
+            f"prefill {stats.prefill_tps:.1f} t/s · decode {stats.decode_tps:.1f} t/s · "
+            f"{stats.generated_tokens} tokens ({stats.finish_reason})")
+
+
+# -- chat -----------------------------------------------------------------------------------------
+@app.command()
+def chat(
+    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a .gguf path."),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
+    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
+    max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1, help="Per reply; -1 = no limit."),
+    ctx: int = typer.Option(0, "--ctx", "-c", min=0, help="Context length; 0 = model's, up to 4096."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    backend: str = _backend_option(),
+    offline: bool = typer.Option(False, "--offline", help="Never download."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
+) -> None:
+    """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
+    from localinfer import chat as chat_mod
+    if max_tokens == 0:
+        raise UsageError("--max-tokens must be -1 (no limit) or at least 1")
+    sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
+    loaded = _open(model, backend=backend, offline=offline, options=_load_options(ctx, threads, verbose))
+    chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose)
+
+
+# -- model management -----------------------------------------------------------------------------
+@app.command()
+def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT].")) -> None:
+    """Download a model into the store (tries each source in order)."""
+    from localinfer import fetch
+    _, cat, store = runner.context()
+    ref = runner.parse_ref(model, cat)
+    if ref.spec is None:
+        raise UsageError("pull takes a catalogue name, not a file path")
+    path = fetch.ensure(ref.spec, ref.spec.variant(ref.quant), store,
+                        progress=console.interactive(), notify=console.note)
+    console.note(f"{ref.display} is at {path}")
+
+
+@app.command("list")
+def list_models(
+    catalogue_: bool = typer.Option(False, "--catalogue", help="All models that can be pulled."),
+) -> None:
+    """Models on disk (or the whole catalogue with --catalogue)."""
+    _, cat, store = runner.context()
+    if catalogue_:
+        rows = [[spec.name, ", ".join(spec.variants), spec.parameters, spec.kind,
+                 ", ".join(spec.aliases)] for spec in cat.models.values()]
+        console.print_table(["NAME", "QUANTS", "PARAMS", "KIND", "ALIASES"], rows)
+        return
+    rows = [[m.name, m.quant, console.human_size(m.size), str(m.path)] for m in store.installed()]
+    if not rows:
+        console.note("no models on disk yet; `localinfer pull NAME` or `localinfer list --catalogue`")
+        return
+    console.print_table(["NAME", "QUANT", "SIZE", "PATH"], rows)
+
+
+@app.command()
+def rm(model: str = typer.Argument(..., help="NAME (every quant) or NAME:QUANT.")) -> None:
+    """Delete a model from the store."""
+    _, cat, store = runner.context()
+    name, _, quant = model.partition(":")
+    spec = cat.get(name)
+    stored_name = spec.name if spec else name
+    removed = store.remove(stored_name, quant.upper() or None)
+    if not removed:
+        raise UsageError(f"{model} is not on disk (`localinfer list` shows what is)")
+    for path in removed:
+        console.note(f"removed {path}")
+
+
+@app.command()
+def info(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Facts about a model: architecture, size, layers, heads, vocabulary, tensor types."""
+    from localinfer import info as info_mod
+    _, cat, store = runner.context()
+    facts = info_mod.describe(runner.parse_ref(model, cat), store)
+    info_mod.show(facts, as_json=as_json)
+
+
+@app.command()
+def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """This machine's CPU, memory and accelerators, and the backend `run` would choose."""
+    from localinfer import devices as devices_mod
+    devices_mod.show(devices_mod.detect(), as_json=as_json)
+
+
+@app.command()
+def bench(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
+    n_prompt: int = typer.Option(512, "--prompt-tokens", "-p", min=1, help="Prefill length."),
+    n_gen: int = typer.Option(128, "--gen-tokens", "-n", min=2, help="Tokens to decode."),
+    repetitions: int = typer.Option(5, "--repetitions", "-r", min=1, help="Runs per test."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    backend: str = _backend_option(),
+    offline: bool = typer.Option(False, "--offline", help="Never download."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Measure prefill and decode speed and time to first token."""
+    from localinfer import bench as bench_mod
+    options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads)
+    loaded = _open(model, backend=backend, offline=offline, options=options)
+    result = bench_mod.measure(loaded, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions,
+                               progress=console.note if console.interactive() else None)
+    bench_mod.show(result, as_json=as_json)
+
+
+# -- entry point ----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; every failure ends as one line on stderr and a documented exit code."""
+    global _debug
+    args = list(sys.argv[1:] if argv is None else argv)
+    _debug = "--debug" in args or runner.settings.load().debug
+    args = [a for a in args if a != "--debug"]
+    sys.stdout.reconfigure(errors="replace")
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="localinfer", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.UsageError as e:
+        _fail(e.format_message(), EXIT_USAGE, e)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        sys.stdout.flush()
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except LocalinferError as e:
+        _fail(str(e), e.exit_code, e)
+    except Exception as e:  # a bug: still one line, the traceback with --debug
+        _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for details)",
+              EXIT_RUNTIME, e)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int, exc: BaseException) -> None:
+    if _debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    console.error(message.splitlines()[0] if message else type(exc).__name__)
+    sys.exit(code)
+
+
+def _quiet_broken_pipe() -> None:
+    # The reader (e.g. `head`) went away: nothing more to say, and no traceback at exit.
+    import os
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)

@@ -1,0 +1,186 @@
+"""The decode loop: prefill a prompt, then sample, stream and evaluate one token at a time.
+
+Per token the loop does one `eval`, one sample and one cached detokenize; everything else here is
+bookkeeping sized by the stop strings, never by the vocabulary.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from localinfer.backends import Session
+from localinfer.errors import ContextOverflow
+from localinfer.sampling import Sampler
+
+
+@dataclass
+class Stats:
+    """Figures for one generation; times in seconds."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0        # prompt tokens already in the KV cache, not evaluated again
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0           # from the start of prefill to the first generated token
+    decode_s: float = 0.0         # from the first generated token to the last
+    generated_tokens: int = 0
+    finish_reason: str = ""       # "stop" (end of generation or stop string), "length", "context"
+    load_s: float = 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        evaluated = self.prompt_tokens - self.cached_tokens
+        return evaluated / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # The first token comes out of prefill; each later one costs one decode step.
+        steps = self.generated_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "load_s": round(self.load_s, 4),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_s": round(self.ttft_s, 4),
+            "prefill_tps": round(self.prefill_tps, 2),
+            "decode_tps": round(self.decode_tps, 2),
+            "generated_tokens": self.generated_tokens,
+            "finish_reason": self.finish_reason,
+        }
+
+
+class KVCache:
+    """The tokens a session holds in its KV cache, so a new prompt re-evaluates only what differs."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.tokens: list[int] = []
+
+    def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Evaluate the prompt, reusing the longest common prefix; returns (last logits, reused)."""
+        if len(prompt) > self.session.n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {len(prompt)} tokens but the context holds {self.session.n_ctx}; "
+                "raise --ctx or shorten the prompt")
+        # Always evaluate at least the last prompt token: its logits give the first new token.
+        reuse = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        if not self.session.trim(reuse):
+            self.session.reset()
+            reuse = 0
+        del self.tokens[reuse:]
+        logits = self.session.eval(prompt[reuse:])
+        self.tokens.extend(prompt[reuse:])
+        return logits, reuse
+
+    def step(self, token: int) -> np.ndarray:
+        logits = self.session.eval((token,))
+        self.tokens.append(token)
+        return logits
+
+    def clear(self) -> None:
+        self.session.reset()
+        self.tokens.clear()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class StopMatcher:
+    """Holds back text that might be the start of a stop string, so a stop never leaks out."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was reached)."""
+        if not self.stops:
+            return text, False
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        hold = self._longest_partial_stop()
+        out = self.pending[:len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+    def _longest_partial_stop(self) -> int:
+        for n in range(min(len(self.pending), max(map(len, self.stops)) - 1), 0, -1):
+            tail = self.pending[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
+
+
+@dataclass
+class Limits:
+    max_tokens: int = -1          # -1: until end of generation or a full context
+    stop: Sequence[str] = field(default_factory=tuple)
+    ignore_eos: bool = False      # benchmarks decode a fixed number of tokens
+
+
+class Generation:
+    """Iterate for text pieces; `stats` is complete once iteration ends (or is interrupted)."""
+
+    def __init__(self, cache: KVCache, prompt: Sequence[int], sampler: Sampler,
+                 limits: Limits) -> None:
+        self.cache, self.prompt, self.sampler, self.limits = cache, list(prompt), sampler, limits
+        self.stats = Stats(prompt_tokens=len(prompt))
+        self.tokens: list[int] = []
+
+    def __iter__(self) -> Iterator[str]:
+        session, stats, limits = self.cache.session, self.stats, self.limits
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = StopMatcher(limits.stop)
+        start = time.perf_counter()
+        logits, stats.cached_tokens = self.cache.prefill(self.prompt)
+        stats.prefill_s = time.perf_counter() - start
+        history = self.prompt   # the repeat penalty looks back over prompt and output alike
+        first = 0.0
+        while True:
+            token = self.sampler(logits, history)
+            now = time.perf_counter()
+            if not self.tokens:
+                first = now
+                stats.ttft_s = now - start
+            stats.decode_s = now - first
+            if session.is_eog(token) and not limits.ignore_eos:
+                stats.finish_reason = "stop"
+                break
+            self.tokens.append(token)
+            history.append(token)
+            stats.generated_tokens = len(self.tokens)
+            # The incremental decoder keeps a multi-byte character split across tokens until whole.
+            text, stopped = stops.feed(utf8.decode(session.piece(token)))
+            if text:
+                yield text
+            if stopped:
+                stats.finish_reason = "stop"
+                return
+            if len(self.tokens) == limits.max_tokens:
+                stats.finish_reason = "length"
+                break
+            if session.n_past >= session.n_ctx:
+                stats.finish_reason = "context"
+                break
+            logits = self.cache.step(token)
+        tail = stops.flush() + utf8.decode(b"", final=True)
+        if tail:
+            yield tail

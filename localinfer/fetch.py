@@ -61,6 +61,7 @@ def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
             publish(tmp, final)
         except LocalinferError as e:
             failures.append(f"{source.describe()}: {e}")
+            notify(f"  {e}")
             continue
         shutil.rmtree(partial, ignore_errors=True)
         return final
@@ -84,13 +85,33 @@ def _download(source: Source, partial: Path, progress: bool) -> Path:
 
 def _from_hub(source: HubSource, partial: Path, progress: bool) -> Path:
     import huggingface_hub
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, logging
     (enable_progress_bars if progress else disable_progress_bars)()
+    logging.set_verbosity_error()   # its retry warnings would repeat what our failure line says
+    _check_hub_resolves(huggingface_hub.constants.ENDPOINT)
     try:
         got = huggingface_hub.hf_hub_download(source.repo, source.file, local_dir=partial / "hub")
     except Exception as e:  # huggingface_hub raises many types; the user needs the reason only
         raise FetchError(_hub_reason(e)) from e
     return Path(got)
+
+
+def _check_hub_resolves(endpoint: str) -> None:
+    """Fail at once when the Hub's name does not resolve, instead of after a minute of retries.
+
+    Skipped behind a proxy, which resolves names on our behalf.
+    """
+    import socket
+    from urllib.parse import urlparse
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    host = urlparse(endpoint).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except socket.gaierror as e:
+        raise FetchError(f"cannot reach the Hugging Face Hub (name lookup failed: {e.strerror})") from e
 
 
 def _hub_reason(e: Exception) -> str:

@@ -32,6 +32,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -174,7 +175,6 @@ def cpu_model() -> str:
         for key in ("model name", "Model", "cpu model", "Hardware"):
             if entry.get(key):
                 return entry[key]
-    import platform
     return platform.processor() or platform.machine() or "unknown CPU"
 
 

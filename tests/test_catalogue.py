@@ -1,0 +1,87 @@
+"""The built-in catalogue, name resolution and the user's override file."""
+
+import pytest
+
+from localinfer import catalogue
+from localinfer.catalogue import HubSource, PipSource
+from localinfer.errors import LocalinferError, ModelNotFound, UsageError
+
+REQUIRED = ["smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-0.5b-instruct",
+            "qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct", "llama-3.2-1b-instruct",
+            "llama-3.2-3b-instruct", "gemma-3-1b-it", "gemma-3-4b-it", "phi-4-mini-instruct",
+            "mistral-7b-instruct"]
+
+
+@pytest.fixture(scope="module")
+def cat():
+    return catalogue.load()
+
+
+def test_built_in_catalogue_has_the_families(cat):
+    for name in REQUIRED:
+        spec = cat.models[name]
+        assert spec.architecture and spec.context_length > 0 and spec.license
+        assert spec.kind in ("instruct", "base")
+        assert spec.default_quant in spec.variants
+        assert any(isinstance(s, HubSource) for v in spec.variants.values() for s in v.sources)
+        assert not spec.draft or spec.draft in cat.models
+
+
+def test_aliases_are_unique_and_do_not_shadow_names(cat):
+    aliases = [a for spec in cat.models.values() for a in spec.aliases]
+    assert len(aliases) == len(set(aliases))
+    assert not set(aliases) & set(cat.models)
+
+
+def test_real_models_have_pip_mirrors_with_checksums(cat):
+    smol = cat.models["smollm2-135m-instruct"].variant(None)
+    assert smol.sha256 and smol.size == 98362432
+    assert isinstance(smol.sources[-1], PipSource)
+    gemma = cat.models["gemma-3-270m"].variant("q4_k_m")
+    assert gemma.sha256.startswith("a5fd3b62")
+    pip = [s for s in gemma.sources if isinstance(s, PipSource)][0]
+    assert len(pip.requirements) == 4 and pip.members[3].endswith("part03")
+
+
+def test_resolve_alias_and_quant_tag(cat):
+    spec, quant = cat.resolve("smollm2")
+    assert (spec.name, quant) == ("smollm2-135m-instruct", "Q4_1")
+    spec, quant = cat.resolve("Gemma3-270M:q4_k_m")
+    assert (spec.name, quant) == ("gemma-3-270m", "Q4_K_M")
+
+
+def test_unknown_name_suggests_close_ones(cat):
+    with pytest.raises(ModelNotFound, match="did you mean smollm2"):
+        cat.resolve("smolm2")
+
+
+def test_unknown_quant_lists_available(cat):
+    with pytest.raises(UsageError, match="available: Q4_1"):
+        cat.resolve("smollm2:Q9")
+
+
+def test_user_file_adds_and_overrides(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text('''
+[models.smollm2-135m-instruct]
+description = "mine"
+
+[models.tiny]
+aliases = ["t"]
+architecture = "llama"
+[models.tiny.quants.Q8_0]
+sources = [{ pip = ["a==1", "b==1"], files = ["a/x.part0", "b/x.part1"] }]
+''')
+    cat = catalogue.load(user)
+    assert cat.models["smollm2-135m-instruct"].description == "mine"
+    assert cat.models["smollm2-135m-instruct"].variant(None).size == 98362432  # rest kept
+    spec, quant = cat.resolve("t")
+    source = spec.variants[quant].sources[0]
+    assert source.requirements == ("a==1", "b==1") and source.members[1] == "b/x.part1"
+
+
+def test_malformed_user_file_is_one_clear_error(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text("[models.x\n")
+    with pytest.raises(LocalinferError, match="not valid TOML"):
+        catalogue.load(user)

@@ -52,9 +52,11 @@ class _Log:
             self.recent.append(line.strip())
 
     def last_error(self) -> str | None:
-        for line in reversed(self.recent):
-            if any(word in line.lower() for word in ("error", "failed", "unknown")):
-                return line
+        # "error loading model: <reason>" comes before a generic "failed to load model": prefer it.
+        for words in (("error",), ("failed", "unknown")):
+            for line in reversed(self.recent):
+                if any(word in line.lower() for word in words):
+                    return line
         return self.recent[-1] if self.recent else None
 
 

@@ -24,9 +24,10 @@ def repl(loaded: runner.LoadedModel, sampler: Sampler, *, system: str | None, li
     cache = KVCache(session)
     messages: list[dict[str, str]] = []
     console.note(f"{loaded.ref.display} ready · {HELP}")
+    prompt = ">>> " if console.interactive(sys.stdin) else ""   # no prompts mixed into piped output
     while True:
         try:
-            line = input(">>> ")
+            line = input(prompt)
         except EOFError:
             sys.stderr.write("\n")
             break

@@ -17,6 +17,14 @@ from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, Local
                                UsageError)
 from localinfer.sampling import SamplingParams, make_sampler
 
+# typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's.
+try:
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError as _ClickUsageError
+except ImportError:
+    from click.exceptions import NoArgsIsHelpError, UsageError as _ClickUsageError
+_CLICK_EXIT = (click.exceptions.Exit, typer.Exit)
+_CLICK_ABORT = (click.exceptions.Abort, typer.Abort)
+
 app = typer.Typer(
     help="Run language models locally, as fast as the hardware allows.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -41,6 +49,8 @@ def _load_options(ctx: int, threads: int, verbose: bool) -> LoadOptions:
 
 
 def _open(model: str, *, backend: str, offline: bool, options: LoadOptions) -> runner.LoadedModel:
+    if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
+        raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
     conf, cat, store = runner.context()
     ref = runner.parse_ref(model, cat)
     path = runner.locate(ref, store, offline=offline, progress=console.interactive(),
@@ -282,11 +292,14 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="localinfer", standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except _CLICK_EXIT as e:
         code = e.exit_code
-    except click.UsageError as e:
+    except NoArgsIsHelpError as e:   # bare `localinfer` or `localinfer run`: the help, not an error
+        e.show()
+        sys.exit(EXIT_USAGE)
+    except _ClickUsageError as e:
         _fail(e.format_message(), EXIT_USAGE, e)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, *_CLICK_ABORT):
         sys.stdout.flush()
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:

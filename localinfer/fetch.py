@@ -148,6 +148,8 @@ def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
     result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
                             stderr=subprocess.STDOUT if not progress else None, text=True)
     if result.returncode != 0:
+        if "[Errno 28]" in (result.stdout or ""):   # pip filled the disk: report it as ours does
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         lines = (result.stdout or "").strip().splitlines()
         reason = next((l for l in reversed(lines) if "ERROR" in l), lines[-1] if lines else "")
         raise FetchError(f"pip download failed: {reason.strip() or f'exit {result.returncode}'}")

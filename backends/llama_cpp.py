@@ -21,6 +21,7 @@ from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.gguf_header import read_header
 
 DEFAULT_MAX_CTX = 4096        # n_ctx=0 means the trained context, capped here to keep the KV cache small
+MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
 
 
 def _lib():
@@ -113,6 +114,9 @@ class LlamaCppSession:
         cparams.n_ctx = n_ctx
         cparams.n_batch = options.n_batch
         cparams.n_ubatch = options.n_batch
+        # llama.cpp sizes its compute buffer for n_outputs_max rows of logits per ubatch; with Gemma 3's
+        # 262k vocabulary the default (one row per batch token) reserves 512 MB we never use.
+        cparams.n_outputs_max = MAX_OUTPUTS
         threads = options.n_threads or default_threads()
         self.n_threads = threads
         cparams.n_threads = threads
@@ -183,9 +187,10 @@ class LlamaCppSession:
             raise ContextOverflow(
                 f"the context is full ({self.n_ctx} tokens); raise --ctx or shorten the input")
         rows = []
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
-            last_chunk = start + self.n_batch >= len(tokens)
+        step = self.n_batch if logits == "last" else min(self.n_batch, MAX_OUTPUTS)
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            last_chunk = start + step >= len(tokens)
             self._decode(chunk, want_all=logits == "all", want_last=last_chunk)
             if logits == "all":
                 rows.append(self._all_logits(len(chunk)).copy() if not last_chunk

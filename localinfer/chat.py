@@ -10,6 +10,7 @@ import sys
 
 from localinfer import console, runner, settings
 from localinfer.decode import Generation, KVCache, Limits
+from localinfer.errors import ContextOverflow
 from localinfer.sampling import Sampler
 
 HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the system message)"
@@ -54,7 +55,12 @@ def repl(loaded: runner.LoadedModel, sampler: Sampler, *, system: str | None, li
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        reply = _reply(cache, _conversation(system, messages), sampler, limits, loaded, verbose)
+        try:
+            reply = _reply(cache, _conversation(system, messages), sampler, limits, loaded, verbose)
+        except ContextOverflow as e:
+            messages.pop()      # the chat goes on; the user can /clear or ask something shorter
+            console.error(f"{e}; /clear starts a new conversation")
+            continue
         messages.append({"role": "assistant", "content": reply})
     _save_history(history_file)
 

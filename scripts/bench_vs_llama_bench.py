@@ -12,11 +12,12 @@ Steps:
    cmake.  The result is cached in
    ``~/.cache/localinfer-bench/llama.cpp-VERSION`` and reused next time.
 2. For every GGUF model given, run ``llama-bench -p 512 -n 128`` and
-   ``localinfer bench`` back to back with the same threads and repetitions.
+   ``localinfer bench`` back to back with the same threads and repetitions,
+   alternating the two for several rounds so machine noise hits both sides.
 3. Print a markdown table (or JSON with ``--json``) of prompt processing
    (pp512) and generation (tg128) tokens/s and the localinfer/llama-bench
-   ratio.  Both sides report medians over the repetitions when llama-bench
-   provides per-repetition samples (``samples_ts``); otherwise its mean.
+   ratio.  Both sides report the median of all their per-repetition samples
+   (llama-bench's ``samples_ts``).
 
 Usage:
 
@@ -222,56 +223,61 @@ def test_name(n_prompt: int, n_gen: int) -> str:
     return f"pp{n_prompt}+tg{n_gen}"
 
 
-def parse_llama_bench(data: object) -> dict[str, dict]:
-    """Map test name -> {"tps", "stat"} from llama-bench's ``-o json`` output.
+def parse_llama_bench(data: object) -> dict[str, list[float]]:
+    """Map test name -> per-repetition tokens/s from llama-bench's ``-o json`` output.
 
-    Uses the median of the per-repetition ``samples_ts`` when present,
-    otherwise llama-bench's mean ``avg_ts``.
+    Uses ``samples_ts`` when present, otherwise llama-bench's mean ``avg_ts`` as one sample.
     """
     if not isinstance(data, list):
         raise BenchError("llama-bench JSON is not a list of test results")
     results = {}
     for test in data:
         name = test_name(int(test["n_prompt"]), int(test["n_gen"]))
-        samples = test.get("samples_ts") or []
-        if samples:
-            results[name] = {"tps": float(statistics.median(samples)), "stat": "median"}
-        else:
-            results[name] = {"tps": float(test["avg_ts"]), "stat": "mean"}
+        results[name] = [float(x) for x in test.get("samples_ts") or [test["avg_ts"]]]
     return results
 
 
-def parse_localinfer(data: object) -> dict[str, dict]:
-    """Map test name -> {"tps", "stat"} from ``localinfer bench --json``."""
+def parse_localinfer(data: object) -> dict[str, list[float]]:
+    """Map test name -> per-repetition tokens/s from ``localinfer bench --json``."""
     try:
         n_prompt, n_gen = int(data["n_prompt"]), int(data["n_gen"])
         return {
-            test_name(n_prompt, 0): {"tps": float(data["prefill_tps"]["median"]), "stat": "median"},
-            test_name(0, n_gen): {"tps": float(data["decode_tps"]["median"]), "stat": "median"},
+            test_name(n_prompt, 0): [float(v) for v in data["prefill_tps"]["values"]],
+            test_name(0, n_gen): [float(v) for v in data["decode_tps"]["values"]],
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise BenchError(f"unexpected localinfer bench JSON (missing {exc})") from None
 
 
-def bench_model(model: Path, llama_bench: Path, threads: int, reps: int) -> list[dict]:
-    """Run both benchmarks on one model and return one row per test."""
-    theirs = parse_llama_bench(run_json([
-        str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
-        "-t", str(threads), "-r", str(reps), "-o", "json",
-    ], f"llama-bench on {model.name}"))
-    ours = parse_localinfer(run_json([
-        sys.executable, "-m", "localinfer", "bench", str(model),
-        "--threads", str(threads), "--repetitions", str(reps), "--json",
-    ], f"localinfer bench on {model.name}"))
+def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds: int) -> list[dict]:
+    """Run both benchmarks on one model, alternating for several rounds; one row per test.
+
+    Alternating the two tools spreads the load of a shared, noisy machine over both sides; the
+    medians are taken over every sample of every round.
+    """
+    theirs: dict[str, list[float]] = {}
+    ours: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for test, samples in parse_llama_bench(run_json([
+            str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
+            "-t", str(threads), "-r", str(reps), "-o", "json",
+        ], f"llama-bench on {model.name}")).items():
+            theirs.setdefault(test, []).extend(samples)
+        for test, samples in parse_localinfer(run_json([
+            sys.executable, "-m", "localinfer", "bench", str(model),
+            "--threads", str(threads), "--repetitions", str(reps), "--json",
+        ], f"localinfer bench on {model.name}")).items():
+            ours.setdefault(test, []).extend(samples)
     rows = []
     for test in (test_name(N_PROMPT, 0), test_name(0, N_GEN)):
         if test not in theirs or test not in ours:
             raise BenchError(f"{test} missing from the results for {model.name}")
-        ratio = ours[test]["tps"] / theirs[test]["tps"] if theirs[test]["tps"] else None
+        their_tps, our_tps = statistics.median(theirs[test]), statistics.median(ours[test])
         rows.append({
             "model": model.name, "path": str(model), "test": test,
-            "llama_bench_tps": theirs[test]["tps"], "llama_bench_stat": theirs[test]["stat"],
-            "localinfer_tps": ours[test]["tps"], "ratio": ratio,
+            "llama_bench_tps": their_tps, "llama_bench_stat": "median",
+            "localinfer_tps": our_tps, "ratio": our_tps / their_tps if their_tps else None,
+            "samples": {"llama_bench": theirs[test], "localinfer": ours[test]},
         })
     return rows
 
@@ -281,9 +287,9 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int) -> list
 # --------------------------------------------------------------------------
 
 
-def machine_info(threads: int, reps: int, version: str) -> dict:
+def machine_info(threads: int, reps: int, rounds: int, version: str) -> dict:
     """Description of the machine and settings, shown above the results."""
-    return {
+    return {"rounds": rounds,
         "cpu": cpu_model(), "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(), "threads": threads,
         "repetitions": reps, "llama_cpp_python": version,
@@ -297,7 +303,7 @@ def format_table(machine: dict, rows: list[dict]) -> str:
     lines = [
         f"Machine: {machine['cpu']}, {machine['physical_cores']} physical cores "
         f"({machine['logical_cpus']} logical), threads={machine['threads']}, "
-        f"repetitions={machine['repetitions']}, "
+        f"repetitions={machine['repetitions']} x {machine['rounds']} alternating rounds, "
         f"llama-cpp-python {machine['llama_cpp_python']}",
         "",
         f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio |",
@@ -326,6 +332,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="threads for both tools (default: physical cores)")
     parser.add_argument("-r", "--repetitions", type=int, default=DEFAULT_REPETITIONS,
                         help=f"repetitions per test (default: {DEFAULT_REPETITIONS})")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternate the two tools this many times per model (default: 3)")
     parser.add_argument("--build-dir", type=Path,
                         help="llama.cpp download/build cache "
                              "(default: ~/.cache/localinfer-bench/llama.cpp-VERSION)")
@@ -356,8 +364,8 @@ def run(args: argparse.Namespace) -> None:
             raise BenchError(f"model file not found: {model}")
     rows = []
     for model in args.models:
-        rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions))
-    machine = machine_info(args.threads, args.repetitions, version)
+        rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions, args.rounds))
+    machine = machine_info(args.threads, args.repetitions, args.rounds, version)
     if args.json:
         print(json.dumps({"machine": machine, "llama_bench": str(llama_bench),
                           "results": rows}, indent=2))

@@ -197,11 +197,11 @@ def physical_cores() -> int:
 # --------------------------------------------------------------------------
 
 
-def run_json(cmd: list[str], label: str) -> object:
+def run_json(cmd: list[str], label: str, env: dict | None = None) -> object:
     """Run cmd, return its stdout parsed as JSON; raise BenchError on failure."""
     log(f"running {label}: " + " ".join(cmd))
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     except OSError as exc:
         raise BenchError(f"{label} could not be started: {exc}") from None
     if result.returncode != 0:
@@ -249,7 +249,19 @@ def parse_localinfer(data: object) -> dict[str, list[float]]:
         raise BenchError(f"unexpected localinfer bench JSON (missing {exc})") from None
 
 
-def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds: int) -> list[dict]:
+def wheel_lib_env() -> dict:
+    """Environment that makes llama-bench load the engine libraries of the installed wheel.
+
+    Both tools then run the very same libllama/libggml binaries, so the ratio measures
+    localinfer's own overhead rather than two builds of llama.cpp.
+    """
+    import llama_cpp  # noqa: PLC0415 - only needed for this option
+    libs = Path(llama_cpp.__file__).parent / "lib"
+    return {**os.environ, "LD_LIBRARY_PATH": f"{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+
+
+def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds: int,
+                env: dict | None = None) -> list[dict]:
     """Run both benchmarks on one model, alternating for several rounds; one row per test.
 
     Alternating the two tools spreads the load of a shared, noisy machine over both sides; the
@@ -261,7 +273,7 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
         for test, samples in parse_llama_bench(run_json([
             str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
             "-t", str(threads), "-r", str(reps), "-o", "json",
-        ], f"llama-bench on {model.name}")).items():
+        ], f"llama-bench on {model.name}", env)).items():
             theirs.setdefault(test, []).extend(samples)
         for test, samples in parse_localinfer(run_json([
             sys.executable, "-m", "localinfer", "bench", str(model),
@@ -287,9 +299,9 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
 # --------------------------------------------------------------------------
 
 
-def machine_info(threads: int, reps: int, rounds: int, version: str) -> dict:
+def machine_info(threads: int, reps: int, rounds: int, version: str, engine_libs: str) -> dict:
     """Description of the machine and settings, shown above the results."""
-    return {"rounds": rounds,
+    return {"rounds": rounds, "engine_libs": engine_libs,
         "cpu": cpu_model(), "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(), "threads": threads,
         "repetitions": reps, "llama_cpp_python": version,
@@ -304,6 +316,7 @@ def format_table(machine: dict, rows: list[dict]) -> str:
         f"Machine: {machine['cpu']}, {machine['physical_cores']} physical cores "
         f"({machine['logical_cpus']} logical), threads={machine['threads']}, "
         f"repetitions={machine['repetitions']} x {machine['rounds']} alternating rounds, "
+        f"llama-bench libraries: {machine['engine_libs']}, "
         f"llama-cpp-python {machine['llama_cpp_python']}",
         "",
         f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio |",
@@ -334,6 +347,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"repetitions per test (default: {DEFAULT_REPETITIONS})")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternate the two tools this many times per model (default: 3)")
+    parser.add_argument("--wheel-libs", action="store_true",
+                        help="run llama-bench on the llama.cpp libraries of the installed "
+                             "llama-cpp-python wheel (same engine binaries on both sides)")
     parser.add_argument("--build-dir", type=Path,
                         help="llama.cpp download/build cache "
                              "(default: ~/.cache/localinfer-bench/llama.cpp-VERSION)")
@@ -364,8 +380,10 @@ def run(args: argparse.Namespace) -> None:
             raise BenchError(f"model file not found: {model}")
     rows = []
     for model in args.models:
-        rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions, args.rounds))
-    machine = machine_info(args.threads, args.repetitions, args.rounds, version)
+        rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions, args.rounds,
+                                wheel_lib_env() if args.wheel_libs else None))
+    machine = machine_info(args.threads, args.repetitions, args.rounds, version,
+                           "the wheel's" if args.wheel_libs else "its own build")
     if args.json:
         print(json.dumps({"machine": machine, "llama_bench": str(llama_bench),
                           "results": rows}, indent=2))

@@ -152,7 +152,7 @@ class Generation:
         start = time.perf_counter()
         logits, stats.cached_tokens = self.cache.prefill(self.prompt)
         stats.prefill_s = time.perf_counter() - start
-        history = self.prompt   # the repeat penalty looks back over prompt and output alike
+        history = list(self.prompt)   # the repeat penalty looks back over prompt and output alike
         first = 0.0
         while True:
             token = self.sampler(logits, history)

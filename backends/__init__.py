@@ -21,6 +21,7 @@ class LoadOptions:
     n_threads: int = 0            # 0: one per physical core
     n_batch: int = 512            # tokens per llama_decode call during prefill
     verbose: bool = False         # let the engine's own log lines through to stderr
+    kv_type: str = "f16"          # KV-cache element type: f16, q8_0 or q4_0
 
 
 class Session(Protocol):
@@ -52,6 +53,9 @@ class Session(Protocol):
     def reset(self) -> None: ...
     def state(self) -> bytes: ...
     def restore(self, blob: bytes, n_past: int) -> None: ...
+    def state_identity(self) -> dict[str, object]:
+        """Model file identity, backend and every setting that shapes state(): the prompt-cache key."""
+        ...
     def close(self) -> None: ...
 
 

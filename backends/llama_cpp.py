@@ -12,7 +12,7 @@ import platform
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from localinfer.gguf_header import read_header
 
 DEFAULT_MAX_CTX = 4096        # n_ctx=0 means the trained context, capped here to keep the KV cache small
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
+_GGML_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}    # ggml_type ids for type_k / type_v
 
 
 def _lib():
@@ -37,6 +38,8 @@ class _Log:
     def __init__(self) -> None:
         self.verbose = False
         self.recent: deque[str] = deque(maxlen=20)
+        # Observes every fragment (level, text) as it arrives, e.g. the quantizer's per-tensor lines.
+        self.listener: Callable[[int, str], None] | None = None
         self._level = 0
         lib = _lib()
         # Keep a reference: llama.cpp calls through this pointer for the life of the process.
@@ -47,6 +50,8 @@ class _Log:
         if level != self._CONT:
             self._level = level
         line = text.decode("utf-8", "replace")
+        if self.listener is not None:
+            self.listener(self._level, line)
         if self.verbose and self._level != self._DEBUG:
             sys.stderr.write(line)
         elif line.strip():
@@ -80,6 +85,7 @@ class LlamaCppSession:
     def __init__(self, path: Path, options: LoadOptions) -> None:
         lib = _lib()
         read_header(path)   # clear errors for non-GGUF and truncated files before llama.cpp sees them
+        self._path, self._options = path, options
         log = _init(options.verbose)
         mparams = lib.llama_model_default_params()
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
@@ -98,7 +104,11 @@ class LlamaCppSession:
         self.n_batch = lib.llama_n_batch(self._ctx)
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
+        # Tokens a sliding-window layer attends to; 0 = none. The prompt cache restores such a
+        # model's states only whole, never trimmed (the saved state lacks cells out of the window).
+        self.sliding_window = lib.llama_model_n_swa(self._model)
         self.n_past = 0
+        self._trim_floor = 0
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
         self._logits_type = ctypes.c_float * self.n_vocab
         self._logits_addr = 0
@@ -122,6 +132,13 @@ class LlamaCppSession:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        # Keep every sliding-window layer's cache full size (Gemma 3): only then can KV entries be
+        # trimmed and a saved state be cut short and continued (the prompt cache relies on both).
+        cparams.swa_full = True
+        if options.kv_type != "f16":
+            # A quantized V cache is only read by the flash-attention kernels: turn them on.
+            cparams.type_k = cparams.type_v = _GGML_KV_TYPES[options.kv_type]
+            cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
         return lib.llama_init_from_model(self._model, cparams)
 
     def _read_metadata(self) -> dict[str, str]:
@@ -236,6 +253,8 @@ class LlamaCppSession:
     def trim(self, n_keep: int) -> bool:
         if n_keep >= self.n_past:
             return True
+        if n_keep < self._trim_floor:   # cells it would need were not in the restored state
+            return False
         if not _lib().llama_memory_seq_rm(self._mem, 0, n_keep, -1):
             return False
         self.n_past = n_keep
@@ -244,13 +263,25 @@ class LlamaCppSession:
     def reset(self) -> None:
         _lib().llama_memory_clear(self._mem, True)
         self.n_past = 0
+        self._trim_floor = 0
 
     def state(self) -> bytes:
+        # For a sliding-window model (Gemma 3) this leaves out the cells already outside the window:
+        # a restored state continues exactly, but cannot be trimmed back (see sliding_window).
         lib = _lib()
         size = lib.llama_state_seq_get_size(self._ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = lib.llama_state_seq_get_data(self._ctx, buf, size, 0)
-        return bytes(buf[:written])
+        # string_at copies in C; slicing a ctypes array would build a Python int per byte (seconds).
+        return ctypes.string_at(buf, written)
+
+    def state_identity(self) -> dict[str, object]:
+        """Everything that shapes the KV state: a saved state is restored only into an equal one."""
+        st = self._path.stat()
+        return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
+                "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
+                "n_batch": self.n_batch, "n_ubatch": _lib().llama_n_ubatch(self._ctx),
+                "kv_type": self._options.kv_type, "swa_full": True}
 
     def restore(self, blob: bytes, n_past: int) -> None:
         lib = _lib()
@@ -260,6 +291,7 @@ class LlamaCppSession:
             self.reset()
             raise LocalinferError("could not restore the KV-cache state")
         self.n_past = n_past
+        self._trim_floor = n_past - 1 if self.sliding_window and n_past > self.sliding_window else 0
 
     def close(self) -> None:
         lib = _lib()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from localinfer import console, runner, settings
+from localinfer import chat_window, console, prompt_cache, runner, settings
 from localinfer.decode import Generation, KVCache, Limits
 from localinfer.errors import ContextOverflow
 from localinfer.sampling import Sampler
@@ -17,12 +17,12 @@ HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the
 
 
 def repl(loaded: runner.LoadedModel, sampler: Sampler, *, system: str | None, limits: Limits,
-         verbose: bool = False) -> None:
+         verbose: bool = False, use_cache: bool = True) -> None:
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
     history_file = _setup_readline()
-    cache = KVCache(session)
+    cache = KVCache(session, prompt_cache.open_for(session, enabled=use_cache))
     messages: list[dict[str, str]] = []
     console.note(f"{loaded.ref.display} ready · {HELP}")
     prompt = ">>> " if console.interactive(sys.stdin) else ""   # no prompts mixed into piped output
@@ -56,7 +56,8 @@ def repl(loaded: runner.LoadedModel, sampler: Sampler, *, system: str | None, li
             continue
         messages.append({"role": "user", "content": line})
         try:
-            reply = _reply(cache, _conversation(system, messages), sampler, limits, loaded, verbose)
+            tokens = _fitted_tokens(session, system, messages, limits)
+            reply = _reply(cache, tokens, sampler, limits, loaded, verbose)
         except ContextOverflow as e:
             messages.pop()      # the chat goes on; the user can /clear or ask something shorter
             console.error(f"{e}; /clear starts a new conversation")
@@ -69,13 +70,24 @@ def _conversation(system: str | None, messages: list[dict[str, str]]) -> list[di
     return ([{"role": "system", "content": system}] if system else []) + messages
 
 
-def _reply(cache: KVCache, messages: list[dict[str, str]], sampler: Sampler, limits: Limits,
+def _fitted_tokens(session, system: str | None, messages: list[dict[str, str]],
+                   limits: Limits) -> list[int]:
+    """The prompt for the next reply; when the history outgrows the context, the oldest turns go
+    (in place, from `messages`) and the rest is evaluated again."""
+    if not session.chat_template:
+        return runner.raw_tokens(session, messages[-1]["content"])
+    limit = session.n_ctx - chat_window.reserve(session.n_ctx, limits.max_tokens)
+    tokens, dropped = chat_window.fit(
+        messages, lambda kept: runner.chat_tokens(session, _conversation(system, kept)), limit)
+    if dropped:
+        del messages[:dropped]
+        console.note(f"the conversation outgrew the context: dropped the {dropped} oldest "
+                     f"message{'s' if dropped > 1 else ''}" + (" (the system message stays)" if system else ""))
+    return tokens
+
+
+def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
            loaded: runner.LoadedModel, verbose: bool) -> str:
-    session = cache.session
-    if session.chat_template:
-        tokens = runner.chat_tokens(session, messages)
-    else:
-        tokens = runner.raw_tokens(session, messages[-1]["content"])
     generation = Generation(cache, tokens, sampler, limits)
     pieces = []
     try:
@@ -86,9 +98,12 @@ def _reply(cache: KVCache, messages: list[dict[str, str]], sampler: Sampler, lim
     except KeyboardInterrupt:
         generation.stats.finish_reason = "interrupted"   # Ctrl-C ends the reply, not the chat
     sys.stdout.write("\n")
+    prompt_cache.persist(cache, notify=console.note if verbose else None)
     if verbose:
         from localinfer.cli import format_stats
         console.note(format_stats(generation.stats, loaded))
+        if cache.store is not None:
+            console.note(prompt_cache.describe(cache.last_event))
     return "".join(pieces).strip()
 
 

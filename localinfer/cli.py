@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Optional
 
 import click
 import typer
 
-from localinfer import console, runner
+from localinfer import console, prompt_cache, runner
 from localinfer.backends import BACKEND_CHOICES, LoadOptions
 from localinfer.decode import Generation, KVCache, Limits
 from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError,
@@ -48,6 +49,18 @@ def _load_options(ctx: int, threads: int, verbose: bool) -> LoadOptions:
     return LoadOptions(n_ctx=ctx, n_threads=threads, verbose=verbose)
 
 
+def _fit(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_budget: str | None,
+         threads: int, verbose: bool) -> tuple[str, LoadOptions]:
+    """The variant, context and KV type that fit the memory budget (notes on stderr)."""
+    from localinfer import autofit
+    chosen = autofit.resolve(model, quant=quant, n_ctx=ctx, kv_type=kv_type,
+                             memory_budget=memory_budget)
+    for note in chosen.notes:
+        console.note(note)
+    return chosen.model, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
+                                     kv_type=chosen.kv_type)
+
+
 def _open(model: str, *, backend: str, offline: bool, options: LoadOptions) -> runner.LoadedModel:
     if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
         raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
@@ -83,21 +96,34 @@ def run(
     offline: bool = typer.Option(False, "--offline", help="Never download; fail if not on disk."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings and engine logs on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
+    draft: str = typer.Option("auto", "--draft", help="Speculative decoding: a draft MODEL, auto "
+                              "(catalogue draft if on disk, else lookup), lookup, self, none."),
+    draft_max: int = typer.Option(8, "--draft-max", min=0, help="Most tokens drafted per round "
+                                  "(adaptive below it); 0 = no speculation."),
+    quant: str = typer.Option("auto", "--quant", "-q", help="Variant to run; auto = the most "
+                              "precise one that fits the memory budget."),
+    memory_: Optional[str] = typer.Option(None, "--memory", help="Memory budget, e.g. 6GB "
+                                          "(default: available RAM minus headroom)."),
+    kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV cache: f16, q8_0 or q4_0 "
+                                          "(default f16; q8_0 when that is what fits)."),
 ) -> None:
     """Generate a completion and stream it to stdout."""
     if max_tokens == 0:
         raise UsageError("--max-tokens must be -1 (no limit) or at least 1")
+    model, options = _fit(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
+                          threads=threads, verbose=verbose)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     sampler = make_sampler(params)
     if prompt is None and console.interactive(sys.stdin):
         from localinfer import chat as chat_mod
         loaded = _open(model, backend=backend, offline=offline,
-                       options=_load_options(ctx, threads, verbose))
+                       options=options)
         chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens, tuple(stop)))
         return
     text = combine_input(read_stdin(), prompt)
-    loaded = _open(model, backend=backend, offline=offline, options=_load_options(ctx, threads, verbose))
+    loaded = _open(model, backend=backend, offline=offline, options=options)
     session = loaded.session
     if runner.uses_chat_template(session, raw):
         tokens = runner.chat_tokens(session, _messages(text, system))
@@ -105,9 +131,24 @@ def run(
         if system and not raw:
             console.warn("this model has no chat template; --system is ignored")
         tokens = runner.raw_tokens(session, text)
-    generation = Generation(KVCache(session), tokens, sampler, Limits(max_tokens, tuple(stop)))
+    generation = _generation(loaded, tokens, params, Limits(max_tokens, tuple(stop)), draft=draft,
+                             draft_max=draft_max, offline=offline,
+                             options=options,
+                             store=prompt_cache.open_for(session, enabled=not no_cache))
     generation.stats.load_s = loaded.load_s
     _emit(generation, loaded, as_json=as_json, verbose=verbose)
+    prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
+
+
+def _generation(loaded: runner.LoadedModel, tokens: list[int], params: SamplingParams,
+                limits: Limits, *, draft: str, draft_max: int, offline: bool, options: LoadOptions,
+                store: prompt_cache.PromptCache | None = None):
+    """Plain decoding, or speculative decoding with the drafter --draft names."""
+    from localinfer import drafting
+    drafter = None if draft_max == 0 else drafting.open_drafter(
+        draft, loaded, options=options, offline=offline, notify=console.note)
+    return drafting.generation(loaded, KVCache(loaded.session, store), tokens, params, limits, drafter,
+                               max_draft=draft_max)
 
 
 def _messages(text: str, system: str | None) -> list[dict[str, str]]:
@@ -163,6 +204,11 @@ def _finish(generation: Generation, loaded: runner.LoadedModel, pieces: list[str
     sys.stdout.flush()
     if verbose:
         console.note(format_stats(stats, loaded))
+        if generation.cache.store is not None:
+            console.note(prompt_cache.describe(generation.cache.last_event))
+        if hasattr(stats, "drafted"):
+            from localinfer.drafting import describe
+            console.note(describe(stats))
 
 
 def format_stats(stats, loaded: runner.LoadedModel) -> str:
@@ -186,6 +232,7 @@ def chat(
     backend: str = _backend_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
 ) -> None:
     """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
     from localinfer import chat as chat_mod
@@ -193,7 +240,8 @@ def chat(
         raise UsageError("--max-tokens must be -1 (no limit) or at least 1")
     sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
     loaded = _open(model, backend=backend, offline=offline, options=_load_options(ctx, threads, verbose))
-    chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose)
+    chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
+                  use_cache=not no_cache)
 
 
 # -- model management -----------------------------------------------------------------------------
@@ -271,14 +319,141 @@ def bench(
     backend: str = _backend_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    draft: str = typer.Option("none", "--draft", help="Also measure speculative decoding with this "
+                              "drafter (MODEL|auto|lookup|self) against plain, side by side."),
 ) -> None:
     """Measure prefill and decode speed and time to first token."""
     from localinfer import bench as bench_mod
     options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads)
     loaded = _open(model, backend=backend, offline=offline, options=options)
+    if draft != "none":
+        _bench_speculation(loaded, draft, n_gen=n_gen, repetitions=repetitions, options=options,
+                           offline=offline, as_json=as_json)
+        return
     result = bench_mod.measure(loaded, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions,
                                progress=console.note if console.interactive() else None)
     bench_mod.show(result, as_json=as_json)
+
+
+def _bench_speculation(loaded: runner.LoadedModel, draft: str, *, n_gen: int, repetitions: int,
+                       options: LoadOptions, offline: bool, as_json: bool) -> None:
+    from localinfer import drafting, spec_bench
+    drafter = drafting.open_drafter(draft, loaded, options=options, offline=offline,
+                                    notify=console.note)
+    result = spec_bench.measure(loaded, drafter, n_gen=n_gen, repetitions=repetitions,
+                                progress=console.note if console.interactive() else None)
+    spec_bench.show(result, as_json=as_json)
+
+
+# -- quantization ---------------------------------------------------------------------------------
+@app.command("quantize")
+def quantize_cmd(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path to quantize from."),
+    qtype: str = typer.Option(..., "--type", help="Target type: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, "
+                              "IQ4_XS, Q3_K_M, Q2_K, IQ2_XXS, F16, BF16, F32, ..."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Write here instead of the model store."),
+    imatrix: Optional[Path] = typer.Option(None, "--imatrix", help="Importance matrix (IQ1/IQ2 need one)."),
+    allow_requantize: bool = typer.Option(False, "--allow-requantize",
+                                          help="Quantize an already quantized model (loses quality)."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="Threads; 0 = all hardware threads."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the exact size and memory; write nothing."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    offline: bool = typer.Option(False, "--offline", help="Never download the source."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: print JSON."),
+) -> None:
+    """Quantize a model with llama.cpp's quantizer; the result lands in the store as NAME:TYPE."""
+    from localinfer import quantize_command as qc
+    job = qc.prepare(model, qtype, output, offline=offline)
+    matrix = qc.load_imatrix(imatrix)
+    if dry_run:
+        qc.dry_run(job, matrix, ctx_sizes=(2048, 4096), as_json=as_json)
+        return
+    qc.run(job, matrix, threads=threads, allow_requantize=allow_requantize, force=force)
+
+
+# -- prompt cache ---------------------------------------------------------------------------------
+def _register_cache_app() -> None:
+    from localinfer.cache_cli import app as cache_app
+    app.add_typer(cache_app, name="cache")
+
+
+_register_cache_app()
+
+
+# -- quality ---------------------------------------------------------------------------------------
+@app.command("eval")
+def eval_cmd(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path to measure."),
+    reference: Optional[str] = typer.Option(None, "--reference", "-r", help="A higher-precision "
+                                            "variant of the same model: adds mean KL and top-1 agreement."),
+    text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to score (default: chapters "
+                                        "I-III of Alice's Adventures in Wonderland)."),
+    ctx: int = typer.Option(512, "--ctx", "-c", min=16, help="Chunk length, as llama-perplexity -c."),
+    chunks: int = typer.Option(0, "--chunks", min=0, help="Score at most this many chunks; 0 = all."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    backend: str = _backend_option(),
+    offline: bool = typer.Option(False, "--offline", help="Never download."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Perplexity over a text; with --reference, mean KL divergence and top-1 agreement too."""
+    from localinfer import evaluate
+    words = evaluate.read_text(text)
+    options = LoadOptions(n_ctx=ctx, n_threads=threads, n_batch=ctx)
+    loaded = _open(model, backend=backend, offline=offline, options=options)
+    ref = _open(reference, backend=backend, offline=offline, options=options) if reference else None
+    tokens = evaluate.tokens_for(loaded.session, words)
+    if ref is not None and evaluate.tokens_for(ref.session, words) != tokens:
+        raise UsageError("the reference model tokenizes the text differently; "
+                         "it must be a variant of the same model")
+    show = console.interactive()
+    result = evaluate.evaluate(
+        loaded.session, tokens, n_ctx=ctx, reference=ref.session if ref else None,
+        max_chunks=chunks or None,
+        progress=(lambda i, n, ppl: console.note(f"[{i}/{n}] perplexity so far {ppl:.4f}")) if show else None)
+    record = {"model": loaded.ref.display, "reference": ref.ref.display if ref else None,
+              "text": str(text) if text else "default (Alice, ch. I-III)", **result.as_dict()}
+    if as_json:
+        sys.stdout.write(json.dumps(record) + "\n")
+        return
+    rows = [["model", record["model"]], ["text", record["text"]],
+            ["tokens scored", f"{result.tokens_scored} in {result.chunks} chunks of {ctx}"],
+            ["perplexity", f"{result.perplexity:.4f}"]]
+    if ref is not None:
+        rows += [["reference", record["reference"]], ["mean KL", f"{result.mean_kl:.5f} nats/token"],
+                 ["top-1 agreement", f"{result.top1_agreement:.2%}"]]
+    rows.append(["time", f"{result.seconds:.1f} s"])
+    console.print_table(["EVAL", "VALUE"], rows)
+
+
+@app.command("frontier")
+def frontier_cmd(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
+    types: list[str] = typer.Option([], "--types", help="Types to compare (repeatable; default: "
+                                    "Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0 Q3_K_M Q2_K)."),
+    ctx: int = typer.Option(512, "--ctx", "-c", min=16, help="Chunk length for the quality measures."),
+    chunks: int = typer.Option(4, "--chunks", min=1, help="Chunks of the default text to score."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    offline: bool = typer.Option(False, "--offline", help="Never download."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw quality against speed and "
+                                        "size into this PNG file."),
+) -> None:
+    """Quantize to several types and measure size, memory, speed and quality; mark the frontier."""
+    from localinfer import frontier, quantize, quantize_command, settings
+    chosen = [quantize.parse_type(t) for t in types for t in t.split(",")] or \
+        list(frontier.DEFAULT_TYPES)
+    job = quantize_command.prepare(model, chosen[0], None, offline=offline)
+    workdir = settings.load().cache_dir / "frontier" / job.name
+    reference, points = frontier.measure(job.source, chosen, workdir, n_ctx=ctx, chunks=chunks,
+                                         threads=threads, note=console.note)
+    if plot is not None:
+        frontier.plot(points, plot, f"{job.name}: quality vs speed and size")
+    if as_json:
+        sys.stdout.write(frontier.to_json(reference, points) + "\n")
+        return
+    console.print_table(frontier.HEADERS, frontier.as_rows(points))
+    console.note(f"* on the efficient frontier; quality against {reference.name}")
 
 
 # -- entry point ----------------------------------------------------------------------------------

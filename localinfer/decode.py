@@ -9,12 +9,12 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from localinfer.backends import Session
-from localinfer.errors import ContextOverflow
+from localinfer.errors import ContextOverflow, LocalinferError
 from localinfer.sampling import Sampler
 
 
@@ -55,12 +55,37 @@ class Stats:
         }
 
 
-class KVCache:
-    """The tokens a session holds in its KV cache, so a new prompt re-evaluates only what differs."""
+GRAIN = 64          # prompt-cache entries end on multiples of this many tokens
+CHECKPOINT = 256    # sliding-window models: an entry every this many tokens (they are never trimmed)
 
-    def __init__(self, session: Session) -> None:
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """What the prompt cache did for the last prefill, for `-v`."""
+
+    hit: bool
+    restored: int = 0          # tokens whose KV state came from disk
+    seconds: float = 0.0       # reading, verifying and restoring it
+    note: str = ""             # why nothing was restored
+
+
+class KVCache:
+    """The tokens a session holds in its KV cache, so a new prompt re-evaluates only what differs.
+
+    Prefill evaluates a prompt in batches whose boundaries are fixed by the prompt alone: multiples
+    of n_batch from position 0, and the last batch starting at the last multiple of GRAIN before the
+    final token. llama.cpp's results depend on how tokens are batched, so this is what makes a state
+    restored from the prompt cache (always cut at a multiple of GRAIN) continue exactly as a cold run
+    would: greedy output is the same token for token.
+    """
+
+    def __init__(self, session: Session, store: PromptStore | None = None) -> None:
         self.session = session
         self.tokens: list[int] = []
+        self.store = store
+        self.last_event: CacheEvent | None = None
+        self._canonical = 0        # leading KV entries computed with the batching above
+        self._pending: list[tuple[list[int], bytes]] = []
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Evaluate the prompt, reusing the longest common prefix; returns (last logits, reused)."""
@@ -68,14 +93,24 @@ class KVCache:
             raise ContextOverflow(
                 f"the prompt is {len(prompt)} tokens but the context holds {self.session.n_ctx}; "
                 "raise --ctx or shorten the prompt")
+        tail = (len(prompt) - 1) // GRAIN * GRAIN
         # Always evaluate at least the last prompt token: its logits give the first new token.
         reuse = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        if self.store is not None:
+            reuse = self._restore(prompt, reuse, tail)
         if not self.session.trim(reuse):
             self.session.reset()
             reuse = 0
         del self.tokens[reuse:]
-        logits = self.session.eval(prompt[reuse:])
-        self.tokens.extend(prompt[reuse:])
+        self._canonical = min(self._canonical, reuse)
+        canonical = reuse == self._canonical and reuse % GRAIN == 0
+        self._pending = []
+        self._eval_batches(prompt, reuse, tail, snapshots=canonical and self.store is not None)
+        if canonical and reuse < tail:
+            self._canonical = tail
+        start = max(reuse, tail)
+        logits = self.session.eval(prompt[start:])
+        self.tokens.extend(prompt[start:])
         return logits, reuse
 
     def step(self, token: int) -> np.ndarray:
@@ -86,6 +121,72 @@ class KVCache:
     def clear(self) -> None:
         self.session.reset()
         self.tokens.clear()
+        self._canonical = 0
+
+    def persist(self) -> int:
+        """Save the last prefill's states to the prompt cache; returns the longest entry saved in
+        tokens (0 for none). Called after the reply, so saving costs no time to first token."""
+        pending, self._pending = self._pending, []
+        if self.store is None:
+            return 0
+        return max((len(tokens) for tokens, state in pending if self.store.save(tokens, state)),
+                   default=0)
+
+    def _eval_batches(self, prompt: Sequence[int], start: int, end: int, *, snapshots: bool) -> None:
+        """Evaluate prompt[start:end] in batches cut at fixed absolute positions; with `snapshots`,
+        keep the states to save: at `end`, and at each checkpoint for a sliding-window model."""
+        batch = getattr(self.session, "n_batch", 512)
+        windowed = bool(getattr(self.session, "sliding_window", 0))
+        step = min(batch, CHECKPOINT) if windowed else batch
+        while start < end:
+            stop = min(end, (start // step + 1) * step)
+            self.session.eval(prompt[start:stop])
+            self.tokens.extend(prompt[start:stop])
+            start = stop
+            if snapshots and (stop == end or windowed):
+                self._pending.append((list(prompt[:stop]), self.session.state()))
+
+    def _restore(self, prompt: Sequence[int], reuse: int, tail: int) -> int:
+        """Load the longest cached prefix from disk when it beats what the session already holds."""
+        store = self.store
+        assert store is not None
+        # A sliding-window model's state cannot be trimmed back: only an entry that is wholly a
+        # prefix of this prompt will do.
+        whole = bool(getattr(self.session, "sliding_window", 0))
+        found = store.longest_prefix(prompt, whole=whole, limit=tail)
+        usable = min(found[1], tail) // GRAIN * GRAIN if found else 0
+        if found is None or usable <= reuse:
+            note = f"nothing on disk beats the {reuse} tokens the session holds" if reuse else "miss"
+            self.last_event = CacheEvent(False, note=note)
+            return reuse
+        head = found[0]
+        start = time.perf_counter()
+        state = store.load(head)
+        if state is None:
+            self.last_event = CacheEvent(False, note="corrupt entry dropped")
+            return reuse
+        try:
+            self.session.restore(state, len(head.tokens))
+        except LocalinferError:    # the engine refused it: never trust that entry again
+            store.drop(head)
+            self.tokens.clear()
+            self._canonical = 0
+            self.last_event = CacheEvent(False, note="entry rejected by the engine, dropped")
+            return 0
+        self.tokens = list(head.tokens)
+        self._canonical = len(head.tokens)
+        self.last_event = CacheEvent(True, usable, time.perf_counter() - start)
+        return usable
+
+
+class PromptStore(Protocol):
+    """The prompt cache as KVCache uses it (prompt_cache.PromptCache)."""
+
+    def longest_prefix(self, tokens: Sequence[int], *, whole: bool = False,
+                       limit: int | None = None) -> tuple[Any, int] | None: ...
+    def load(self, head: Any) -> bytes | None: ...
+    def drop(self, head: Any) -> None: ...
+    def save(self, tokens: Sequence[int], state: bytes) -> Any: ...
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

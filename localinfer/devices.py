@@ -46,6 +46,11 @@ def is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where unknown)."""
+    return _cpu_info()[1]
+
+
 def _cpu_info() -> tuple[str, set[str]]:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():

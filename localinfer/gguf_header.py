@@ -28,6 +28,7 @@ class Tensor:
     n_elements: int
     n_bytes: int
     offset: int                     # from the start of the data section
+    shape: tuple[int, ...] = ()     # ne0 (row length) first, as ggml orders dimensions
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Header:
     version: int
     metadata: dict[str, object]     # long arrays appear as ArrayInfo
     tensors: list[Tensor]
+    header_size: int = 0            # bytes of metadata and tensor infos, before alignment padding
 
 
 @dataclass(frozen=True)
@@ -106,17 +108,18 @@ def _parse(buf, path: Path) -> Header:
     if data_start + data_end > len(buf):
         raise ModelLoadError(f"{path} is truncated: {len(buf)} bytes, "
                              f"the header describes {data_start + data_end}")
-    return Header(version, metadata, tensors)
+    return Header(version, metadata, tensors, cur.pos)
 
 
 def _tensor(cur: _Cursor) -> Tensor:
     name = cur.string()
     n_dims = cur.unpack("I")
+    shape = tuple(cur.unpack("Q") for _ in range(n_dims))
     n_elements = 1
-    for _ in range(n_dims):
-        n_elements *= cur.unpack("Q")
+    for dim in shape:
+        n_elements *= dim
     type_id = cur.unpack("I")
     offset = cur.unpack("Q")
     qtype = GGMLQuantizationType(type_id)
     block, block_bytes = GGML_QUANT_SIZES[qtype]
-    return Tensor(name, qtype.name, n_elements, n_elements // block * block_bytes, offset)
+    return Tensor(name, qtype.name, n_elements, n_elements // block * block_bytes, offset, shape)

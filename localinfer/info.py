@@ -25,7 +25,20 @@ def describe(ref: ModelRef, store: Store) -> dict:
         return facts
     facts.update(on_disk=True, path=str(path), file_size=path.stat().st_size)
     facts.update(_from_header(path))
+    facts["memory"] = memory_table(path)
     return facts
+
+
+MEMORY_CONTEXTS = (512, 2048, 4096, 8192)
+
+
+def memory_table(path) -> dict[str, dict[str, int]]:
+    """Estimated resident memory of `localinfer run` at a few context lengths (f16 KV cache)."""
+    from localinfer import memory
+    facts = memory.facts_from_file(path)
+    repack = memory.cpu_repacks()
+    return {str(ctx): memory.estimate(facts, memory.Request(ctx, repack=repack)).as_dict()
+            for ctx in MEMORY_CONTEXTS}
 
 
 def _from_header(path) -> dict:
@@ -68,6 +81,9 @@ def show(facts: dict, *, as_json: bool) -> None:
     for key, value in facts.items():
         if value is None:
             continue
+        if key == "memory":
+            rows.extend(_memory_rows(value))
+            continue
         if key == "tensor_types":
             total = sum(v["bytes"] for v in value.values()) or 1
             value = ", ".join(f"{k} {v['bytes'] / total:.0%} ({v['tensors']})" for k, v in value.items())
@@ -81,3 +97,11 @@ def show(facts: dict, *, as_json: bool) -> None:
             value = "yes" if value else "no"
         rows.append([key.replace("_", " "), str(value)])
     console.print_table(["FIELD", "VALUE"], rows)
+
+
+def _memory_rows(table: dict[str, dict[str, int]]) -> list[list[str]]:
+    mb = lambda n: f"{n / 1e6:.0f}"   # noqa: E731 - a local formatter
+    return [[f"memory at ctx {ctx}",
+             f"{console.human_size(e['total'])} (weights {mb(e['weights'])} + KV {mb(e['kv_cache'])}"
+             f" + compute {mb(e['compute'])} + overhead {mb(e['overhead'])} MB)"]
+            for ctx, e in table.items()]

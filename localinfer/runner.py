@@ -40,8 +40,26 @@ def parse_ref(ref: str, cat: catalogue.Catalogue) -> ModelRef:
         if not path.is_file():
             raise ModelNotFound(f"no such model file: {ref}")
         return ModelRef(display=path.name, spec=None, quant=None, path=path)
-    spec, quant = cat.resolve(ref)
+    try:
+        spec, quant = cat.resolve(ref)
+    except UsageError:
+        made = _made_locally(ref, cat)   # e.g. `localinfer quantize` output the catalogue lacks
+        if made is None:
+            raise
+        return made
     return ModelRef(display=f"{spec.name}:{quant}", spec=spec, quant=quant, path=None)
+
+
+def _made_locally(ref: str, cat: catalogue.Catalogue) -> ModelRef | None:
+    """NAME:QUANT found in the store though the catalogue does not list it (a local quantization)."""
+    name, _, quant = ref.partition(":")
+    spec = cat.get(name)
+    stored_name = spec.name if spec else name.strip().lower()
+    quant = catalogue.normalise_quant(quant) if quant else ""
+    path = Store(settings.load().models_dir).find(stored_name, quant) if quant else None
+    if path is None:
+        return None
+    return ModelRef(display=f"{stored_name}:{quant}", spec=spec, quant=quant, path=path)
 
 
 def context() -> tuple[settings.Settings, catalogue.Catalogue, Store]:

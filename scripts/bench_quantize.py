@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Compare ``localinfer quantize`` with llama.cpp's own ``llama-quantize``: same bytes? how fast?
+
+Builds ``llama-quantize`` from the vendored llama.cpp of the installed llama-cpp-python (cached
+beside llama-bench, see bench_vs_llama_bench.py), then for every model and type runs both tools on
+the same input, alternating them for several rounds so machine noise hits both, and prints a
+markdown table: median wall time of each, the ratio, and whether the outputs are byte-identical.
+
+    python scripts/bench_quantize.py MODEL.gguf [...] --types Q8_0 Q4_K_M Q4_0 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("bench_vs_llama_bench", _HERE / "bench_vs_llama_bench.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def ensure_tool(target: str, jobs: int = 2) -> Path:
+    """Build one llama.cpp tool next to the cached llama-bench build; return its path."""
+    version = bench.installed_llama_cpp_version()
+    build_dir = bench.CACHE_ROOT / f"llama.cpp-{version}"
+    binary = build_dir / "build" / "bin" / target
+    if binary.exists():
+        return binary
+    bench.ensure_llama_bench(build_dir, version, jobs)      # downloads, extracts and configures
+    bench.run_logged(["cmake", "--build", str(build_dir / "build"), "--config", "Release",
+                      "--target", target, "-j", str(jobs)])
+    return binary
+
+
+def timed(cmd: list[str], env: dict | None = None) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise bench.BenchError(f"{cmd[0]} failed: {result.stderr.strip().splitlines()[-1:]}")
+    return elapsed
+
+
+def compare(model: Path, qtype: str, tool: Path, rounds: int, threads: int, work: Path) -> dict:
+    ref, ours = work / f"ref-{qtype}.gguf", work / f"ours-{qtype}.gguf"
+    theirs_cmd = [str(tool), "--allow-requantize", str(model), str(ref), qtype, str(threads)]
+    ours_cmd = [sys.executable, "-m", "localinfer", "quantize", str(model), "--type", qtype,
+                "-o", str(ours), "--force", "--allow-requantize", "--threads", str(threads)]
+    env = bench.wheel_lib_env()     # both run the very same libllama of the installed wheel
+    times: dict[str, list[float]] = {"llama-quantize": [], "localinfer": []}
+    for _ in range(rounds):
+        times["llama-quantize"].append(timed(theirs_cmd, env))
+        times["localinfer"].append(timed(ours_cmd))
+    theirs_s, ours_s = (statistics.median(times[k]) for k in ("llama-quantize", "localinfer"))
+    return {"model": model.name, "type": qtype, "llama_quantize_s": round(theirs_s, 3),
+            "localinfer_s": round(ours_s, 3), "ratio": round(ours_s / theirs_s, 3),
+            "identical": filecmp.cmp(ref, ours, shallow=False), "size": ours.stat().st_size,
+            "samples": times}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("--types", nargs="+", default=["Q8_0", "Q4_K_M", "Q4_0"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    tool = ensure_tool("llama-quantize")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            for qtype in args.types:
+                bench.log(f"{model.name} -> {qtype}")
+                rows.append(compare(model, qtype, tool, args.rounds, args.threads, Path(tmp)))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("| source | type | llama-quantize s | localinfer s | ratio | identical | size |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['type']} | {r['llama_quantize_s']:.2f} | {r['localinfer_s']:.2f} "
+              f"| {r['ratio']:.2f}x | {'yes' if r['identical'] else 'NO'} | {r['size']:,} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

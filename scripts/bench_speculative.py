@@ -1,0 +1,44 @@
+"""The README's speculation table: plain vs speculative decoding, alternating, medians of ratios.
+
+    LOCALINFER_HOME=... python scripts/bench_speculative.py [N_GEN] [REPETITIONS] > results.jsonl
+
+Runs both test models with prompt lookup (adaptive, and fixed-length to show what adaptivity saves)
+and the same-model draft (made once with the quantizer); one JSON line per (model, drafter).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from localinfer import drafting, runner, spec_bench
+from localinfer.backends import LoadOptions
+
+MODELS = ("smollm2", "gemma-3-270m")
+# `auto` is adaptive lookup for these two (the catalogue names no draft model for them).
+DRAFTERS = (("lookup", True), ("lookup", False), ("self", True))
+
+
+def main() -> None:
+    n_gen = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    options = LoadOptions(n_ctx=1024)
+    _, cat, store = runner.context()
+    for name in MODELS:
+        ref = runner.parse_ref(name, cat)
+        loaded = runner.load(ref, runner.locate(ref, store, offline=True, progress=False,
+                                                notify=print), backend="auto", options=options)
+        for choice, adaptive in DRAFTERS:
+            drafter = drafting.open_drafter(choice, loaded, options=options, offline=True,
+                                            notify=lambda m: print(m, file=sys.stderr))
+            result = spec_bench.measure(loaded, drafter, n_gen=n_gen, repetitions=reps,
+                                        adaptive=adaptive,
+                                        progress=lambda m: print(m, file=sys.stderr, flush=True))
+            result["choice"] = choice
+            print(json.dumps(result), flush=True)
+            drafter.close()
+        loaded.session.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Budgets, placement and variant choice on described machines: no real machine is consulted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from localinfer import fit, memory
+from localinfer.errors import UsageError
+
+GiB = 1024 ** 3
+
+# A 7B llama-like model (Q4_K_M ~4.4 GB): 32 layers, 8 KV heads of 128 dims, 32k vocabulary.
+LLAMA_7B = memory.ModelFacts(
+    architecture="llama", file_size=4_400_000_000, n_layer=32, n_embd=4096, n_ff=14336,
+    n_vocab=32_000, kv_dims=(8 * 256,) * 32, swa_layers=(False,) * 32, sliding_window=0,
+    repackable_bytes=3_000_000_000, context_length=32768)
+
+MACHINES = {
+    "8 GB M1": fit.Machine(8 * GiB, 5 * GiB, apple_silicon=True, metal_working_set=int(5.3 * GiB),
+                           repacks=False),
+    "16 GB M3": fit.Machine(16 * GiB, 11 * GiB, apple_silicon=True,
+                            metal_working_set=int(10.7 * GiB), repacks=False),
+    "24 GB x86 + 6 GB GPU": fit.Machine(24 * GiB, 4 * GiB, vram_free=6 * GiB),
+    "8 GB x86 laptop": fit.Machine(8 * GiB, 6 * GiB),
+    "4 GB x86": fit.Machine(4 * GiB, 3 * GiB),
+}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("4GB", 4_000_000_000), ("512MB", 512_000_000), ("6GiB", 6 * GiB), ("1.5 GB", 1_500_000_000),
+    ("2000", 2000), ("300m", 300_000_000),
+])
+def test_parse_size(text, expected):
+    assert fit.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["4XB", "", "lots", "-1GB", "4 G B"])
+def test_parse_size_refuses(text):
+    with pytest.raises(UsageError, match="cannot read the memory size"):
+        fit.parse_size(text)
+
+
+@pytest.mark.parametrize("machine, ram, vram, source", [
+    ("8 GB M1", int(5 * GiB), 0, "Metal"),                    # available RAM below working set
+    ("16 GB M3", int(10.7 * GiB), 0, "Metal"),
+    ("24 GB x86 + 6 GB GPU", int(4 * GiB * 0.9), int(6 * GiB * 0.9), "VRAM"),
+    ("8 GB x86 laptop", int(6 * GiB * 0.9), 0, "headroom"),
+])
+def test_budget(machine, ram, vram, source):
+    b = fit.budget(MACHINES[machine])
+    assert (b.ram, b.vram) == (ram, vram) and source in b.source
+
+
+def test_override_wins():
+    assert fit.budget(MACHINES["4 GB x86"], 6 * GiB).ram == 6 * GiB
+
+
+@pytest.mark.parametrize("machine, n_ctx, fits, ctx, kv, gpu_layers", [
+    ("16 GB M3", 4096, True, 4096, "f16", 0),            # plenty of unified memory
+    ("8 GB x86 laptop", 8192, True, 8192, "f16", 0),
+    ("8 GB M1", 32768, True, 8192, "q8_0", 0),           # q8_0 KV, then a shorter context
+    ("8 GB x86 laptop", 32768, True, 16384, "q8_0", 0),
+    ("24 GB x86 + 6 GB GPU", 32768, True, 32768, "f16", 21),  # 21 layers on the GPU, the rest in RAM
+    ("4 GB x86", 4096, False, 512, "q8_0", 0),           # nothing helps: says so
+])
+def test_place(machine, n_ctx, fits, ctx, kv, gpu_layers):
+    m = MACHINES[machine]
+    placed = fit.place(LLAMA_7B, m, fit.budget(m), n_ctx=n_ctx)
+    assert (placed.fits, placed.n_ctx, placed.kv_type, placed.gpu_layers) == (fits, ctx, kv, gpu_layers)
+    if fits and (ctx != n_ctx or kv != "f16"):
+        assert placed.notes                     # every change made to fit is said
+
+
+def test_requested_kv_type_is_kept():
+    m = MACHINES["16 GB M3"]
+    assert fit.place(LLAMA_7B, m, fit.budget(m), n_ctx=4096, kv_type="q4_0").kv_type == "q4_0"
+
+
+def test_choose_the_most_precise_variant_that_fits():
+    variants = [fit.Candidate("Q8_0", replace(LLAMA_7B, file_size=7_200_000_000), False),
+                fit.Candidate("Q4_K_M", LLAMA_7B, True),
+                fit.Candidate("F16", replace(LLAMA_7B, file_size=14_500_000_000), False)]
+    for machine, expected in (("16 GB M3", "Q8_0"), ("8 GB x86 laptop", "Q4_K_M"), ("4 GB x86", None)):
+        m = MACHINES[machine]
+        chosen = fit.choose_variant(variants, m, fit.budget(m), n_ctx=4096)
+        assert (chosen[0].quant if chosen else None) == expected, machine
+
+
+def test_not_fitting_message_says_needed_available_and_what_helps():
+    line = fit.does_not_fit("llama-7b", 5_000_000_000, fit.Budget(3_000_000_000, 0, "available RAM"))
+    assert "5.0 GB" in line and "3.0 GB" in line and "--memory" in line and "quantize" in line

@@ -1,0 +1,100 @@
+"""The memory estimate against the measured peak resident memory of real `localinfer run`s, and
+its parts on a described model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localinfer import memory, quantize
+
+TYPES = ("Q8_0", "Q4_K_M", "Q4_0")
+CONTEXTS = (512, 4096)
+
+
+@pytest.fixture(scope="module")
+def variants(smollm_path: Path, gemma_path: Path, tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Both real models in each type (made from the shipped files with the quantizer)."""
+    folder = tmp_path_factory.mktemp("variants")
+    out = {}
+    for label, src, shipped in (("smollm", smollm_path, "Q4_1"), ("gemma", gemma_path, "Q4_K_M")):
+        for qtype in TYPES:
+            if qtype == shipped:
+                out[label, qtype] = src
+                continue
+            out[label, qtype] = folder / f"{label}-{qtype}.gguf"
+            quantize.quantize_file(src, out[label, qtype], qtype, allow_requantize=True)
+    return out
+
+
+# A child's ru_maxrss starts from its parent's size at fork, and this test process is large; so a
+# small launcher process starts the run and reports the run's own peak.
+_LAUNCHER = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
+"""
+
+
+def peak_rss_of_run(model: Path, ctx: int) -> int:
+    """Peak resident bytes of one `localinfer run` process."""
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "localinfer", "run",
+                          str(model), "Once upon a time", "-n", "8", "--temp", "0", "--raw",
+                          "--draft", "none", "--ctx", str(ctx)], capture_output=True, text=True, check=True).stdout
+    code, peak = map(int, out.split())
+    assert code == 0
+    return peak
+
+
+@pytest.fixture(scope="module")
+def peaks(variants) -> dict[tuple[str, str, int], int]:
+    """Every (model, type, context) run, three at a time: peak memory does not mind the sharing."""
+    from concurrent.futures import ThreadPoolExecutor
+    keys = [(label, qtype, ctx) for (label, qtype) in variants for ctx in CONTEXTS]
+    with ThreadPoolExecutor(3) as pool:
+        found = pool.map(lambda k: peak_rss_of_run(variants[k[0], k[1]], k[2]), keys)
+        return dict(zip(keys, found))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["smollm", "gemma"])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_estimate_within_ten_percent_of_peak_rss(variants, peaks, label: str, qtype: str):
+    facts = memory.facts_from_file(variants[label, qtype])
+    for ctx in CONTEXTS:
+        estimated = memory.estimate(facts, memory.Request(ctx, repack=memory.cpu_repacks())).total
+        measured = peaks[label, qtype, ctx]
+        assert abs(estimated / measured - 1) <= 0.10, (label, qtype, ctx, estimated, measured)
+
+
+GEMMA_LIKE = memory.ModelFacts(
+    architecture="gemma3", file_size=250_000_000, n_layer=18, n_embd=640, n_ff=2048,
+    n_vocab=262_144, kv_dims=(1 * (256 + 256),) * 18,
+    swa_layers=tuple((il + 1) % 6 != 0 for il in range(18)), sliding_window=512,
+    repackable_bytes=10_000_000, context_length=32768)
+
+
+@pytest.mark.parametrize("request_, kv_bytes", [
+    (memory.Request(4096), 18 * 4096 * 512 * 2),                                  # all full size
+    (memory.Request(4096, swa_full=False), 3 * 4096 * 512 * 2 + 15 * 1024 * 512 * 2),
+    (memory.Request(4096, kv_type="q8_0"), int(18 * 4096 * 512 * 34 / 32)),
+    (memory.Request(300), 18 * 512 * 512 * 2),                                    # padded to 256
+])
+def test_kv_cache_per_layer_and_window(request_, kv_bytes):
+    assert memory.kv_cache_bytes(GEMMA_LIKE, request_) == kv_bytes
+
+
+def test_logits_grow_with_vocabulary_and_rows():
+    one = memory.estimate(GEMMA_LIKE, memory.Request(512))
+    many = memory.estimate(GEMMA_LIKE, memory.Request(512, logits_rows=64))
+    assert many.compute - one.compute == 2 * 63 * 262_144 * 4
+
+
+def test_facts_of_gemma(gemma_path: Path):
+    facts = memory.facts_from_file(gemma_path)
+    assert facts.n_layer == 18 and facts.n_vocab == 262_144 and facts.sliding_window == 512
+    assert sum(facts.swa_layers) == 15

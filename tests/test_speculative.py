@@ -1,0 +1,209 @@
+"""Speculative decoding on the real models: output identical to plain greedy decoding for every
+drafter, KV caches consistent after rejections, vocabulary mismatch refused, and the CLI's figures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from localinfer import drafting, runner
+from localinfer.backends import LoadOptions
+from localinfer.decode import Generation, KVCache, Limits
+from localinfer.drafters import DraftModel, PromptLookup
+from localinfer.sampling import SamplingParams, make_sampler
+
+from conftest import GEMMA, MODELS_HOME, SMOLLM, run_cli
+
+GREEDY = SamplingParams(temperature=0)
+OPTIONS = LoadOptions(n_ctx=1024)
+
+TYPOS = ("Fix the typos in this paragraph and write it out again:\n\n"
+         "The quick brwon fox jumpd over the lazzy dog. It was a sunny day and the birds wer "
+         "singing in the trees. Evry morning the fox went to the river to drink watter.")
+CODE = ("Add type hints to this function:\n\n"
+        "def total(items, tax):\n    result = 0\n    for item in items:\n"
+        "        result += item.price * item.count\n    return result * (1 + tax)\n")
+OPEN = "Write a short poem about the sea."
+# Gemma 3 270M is a base model: completion prompts whose continuation copies from the input.
+G_COPY = ("Original: The committee met on Tuesday to discuss the budget for the new library.\n"
+          "Copy: The committee met on Tuesday to discuss the budget for the new library.\n"
+          "Original: Rain is expected in the northern valleys by Friday evening.\nCopy:")
+G_LIST = ("Names: Alice Brown, Bob Smith, Carol White, David Green.\n"
+          "The same names, one per line:\n- Alice Brown\n- Bob Smith\n-")
+G_OPEN = "Once upon a time, in a small village by the mountains,"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_home():
+    """In-process drafters (the self draft's store, the exactness cache) use the test home too."""
+    old = os.environ.get("LOCALINFER_HOME")
+    os.environ["LOCALINFER_HOME"] = str(MODELS_HOME)
+    yield
+    if old is None:
+        os.environ.pop("LOCALINFER_HOME", None)
+    else:
+        os.environ["LOCALINFER_HOME"] = old
+
+
+def _load(path: Path) -> runner.LoadedModel:
+    ref = runner.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return runner.load(ref, path, backend="auto", options=OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    loaded = _load(smollm_path)
+    yield loaded
+    loaded.session.close()
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    loaded = _load(gemma_path)
+    yield loaded
+    loaded.session.close()
+
+
+def _prompt(loaded, text: str) -> list[int]:
+    if loaded.session.chat_template:
+        return runner.chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return runner.raw_tokens(loaded.session, text)
+
+
+def _plain(loaded, prompt, limits) -> tuple[list[int], str]:
+    gen = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
+    text = "".join(gen)
+    return gen.tokens, text
+
+
+def _speculative(loaded, prompt, limits, drafter, max_draft=6, adaptive=False):
+    # Not adaptive: draft every round, so verification, rejection and trimming run all the time.
+    gen = drafting.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
+                              max_draft=max_draft, adaptive=adaptive)
+    text = "".join(gen)
+    return gen, text
+
+
+def _check_identity(loaded, drafter, texts, limits):
+    for text in texts:
+        prompt = _prompt(loaded, text)
+        plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
+        plain_text = "".join(plain)
+        for adaptive in (False, True):
+            gen, spec_text = _speculative(loaded, prompt, limits, drafter, adaptive=adaptive)
+            assert gen.tokens == plain.tokens, f"diverged on {text[:30]!r}"
+            assert spec_text == plain_text
+            assert gen.stats.finish_reason == plain.stats.finish_reason
+            if not adaptive:
+                assert gen.stats.drafted > 0
+
+
+@pytest.fixture(scope="module")
+def smollm_self(smollm):
+    drafter = drafting.open_drafter("self", smollm, options=OPTIONS, offline=True, notify=print)
+    yield drafter
+    drafter.close()
+
+
+@pytest.fixture(scope="module")
+def gemma_self(gemma):
+    drafter = drafting.open_drafter("self", gemma, options=OPTIONS, offline=True, notify=print)
+    yield drafter
+    drafter.close()
+
+
+# -- greedy identity ------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_tokens", [48])
+def test_lookup_is_identical_to_plain_on_smollm(smollm, max_tokens):
+    _check_identity(smollm, PromptLookup(), [TYPOS, CODE, OPEN], Limits(max_tokens))
+
+
+def test_lookup_is_identical_to_plain_on_gemma(gemma):
+    _check_identity(gemma, PromptLookup(), [G_COPY, G_LIST, G_OPEN], Limits(40))
+
+
+def test_self_draft_is_identical_to_plain_on_smollm(smollm, smollm_self):
+    assert isinstance(smollm_self, DraftModel)
+    _check_identity(smollm, smollm_self, [TYPOS, OPEN], Limits(40))
+
+
+def test_self_draft_is_identical_to_plain_on_gemma(gemma, gemma_self):
+    _check_identity(gemma, gemma_self, [G_COPY, G_OPEN], Limits(32))
+
+
+def test_draft_model_given_by_path_is_identical_to_plain(gemma, gemma_path):
+    # The target's own file as its draft: every guess right, the longest verification batches.
+    drafter = drafting.open_drafter(str(gemma_path), gemma, options=OPTIONS, offline=True,
+                                    notify=print)
+    try:
+        _check_identity(gemma, drafter, [G_LIST], Limits(32))
+    finally:
+        drafter.close()
+
+
+def test_drafts_running_into_end_of_generation_and_stop_strings(smollm, smollm_self):
+    # A short chat answer ends with <|im_end|> inside an accepted run of guesses.
+    for drafter in (PromptLookup(), smollm_self):
+        _check_identity(smollm, drafter, ["Repeat exactly: red, green, blue."], Limits(64))
+        _check_identity(smollm, drafter, [TYPOS], Limits(64, stop=("sunny",)))
+        _check_identity(smollm, drafter, [TYPOS], Limits(64, stop=("day and",)))
+
+
+def test_gemma_stop_string_inside_a_copied_run(gemma):
+    _check_identity(gemma, PromptLookup(), [G_COPY], Limits(40, stop=("valleys",)))
+
+
+# -- KV consistency -------------------------------------------------------------------------------
+def test_continuing_after_rejections_equals_a_fresh_run(gemma, gemma_self):
+    session = gemma.session
+    prompt = _prompt(gemma, G_OPEN)
+    cache = KVCache(session)
+    gen = drafting.generation(gemma, cache, prompt, GREEDY, Limits(24), gemma_self, max_draft=6,
+                              adaptive=False)
+    list(gen)
+    assert gen.stats.accepted < gen.stats.drafted, "the test needs at least one rejection"
+    assert len(cache.tokens) == session.n_past
+    assert cache.tokens == (prompt + gen.tokens)[:len(cache.tokens)]
+    draft_cache = gemma_self.cache
+    assert len(draft_cache.tokens) == gemma_self.session.n_past
+    # Continue on the same (trimmed) caches, then compare with a fresh plain run of the whole text.
+    follow = prompt + gen.tokens
+    cont = drafting.generation(gemma, cache, follow, GREEDY, Limits(16), gemma_self, max_draft=6,
+                               adaptive=False)
+    list(cont)
+    assert cont.stats.cached_tokens > len(prompt)
+    session.reset()
+    fresh_tokens, _ = _plain(gemma, follow, Limits(16))
+    assert cont.tokens == fresh_tokens
+
+
+# -- choosing a drafter ---------------------------------------------------------------------------
+def test_vocabulary_mismatch_is_refused(models_home, smollm_path, gemma_path):
+    result = run_cli("run", str(smollm_path), "hi", "--draft", str(gemma_path), "-n", "4")
+    assert result.returncode == 2
+    assert "vocabulary" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_auto_falls_back_to_lookup_and_json_reports_speculation(models_home):
+    result = run_cli("run", SMOLLM, TYPOS, "--temp", "0", "-n", "40", "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    spec = record["speculation"]
+    assert spec["drafter"] == "lookup"
+    assert spec["accepted"] <= spec["drafted"]
+    assert {"acceptance", "speedup_vs_plain_estimate", "rounds"} <= spec.keys()
+    plain = run_cli("run", SMOLLM, TYPOS, "--temp", "0", "-n", "40", "--json", "--draft", "none")
+    assert json.loads(plain.stdout)["text"] == record["text"]
+    assert "speculation" not in json.loads(plain.stdout)
+
+
+def test_verbose_reports_drafted_and_accepted(models_home):
+    result = run_cli("run", GEMMA, G_LIST, "--temp", "0", "-n", "24", "-v", "--draft", "lookup")
+    assert result.returncode == 0, result.stderr
+    line = [l for l in result.stderr.splitlines() if "speculation:" in l][0]
+    assert "drafted" in line and "accepted" in line and "vs plain" in line

@@ -49,7 +49,8 @@ def prompts(session, n_tokens, n_prefix):
 def bench_model(name, path, reps, n_tokens, n_prefix):
     session = LlamaCppSession(path, LoadOptions(n_ctx=4096))
     a, b = prompts(session, n_tokens, n_prefix)
-    rows = {k: [] for k in ("cold", "warm_exact", "warm_prefix", "save_frac", "save_s")}
+    rows = {k: [] for k in ("cold", "cold_prefix", "warm_exact", "warm_prefix", "save_frac",
+                            "save_s")}
     identical = True
     for rep in range(reps):
         with tempfile.TemporaryDirectory() as root:
@@ -63,10 +64,12 @@ def bench_model(name, path, reps, n_tokens, n_prefix):
         rows["cold"].append(cold.stats.ttft_s)
         rows["warm_exact"].append(exact.stats.ttft_s)
         rows["warm_prefix"].append(prefix.stats.ttft_s)
+        rows["cold_prefix"].append(plain_b.stats.ttft_s)   # the same prompt, no cache
         rows["save_s"].append(save_s)
         rows["save_frac"].append(save_s / (total + save_s))
         print(f"  {name} rep {rep}: cold {cold.stats.ttft_s:.2f}s exact {exact.stats.ttft_s:.3f}s "
-              f"prefix {prefix.stats.ttft_s:.3f}s (restored {prefix.stats.cached_tokens}) "
+              f"prefix {prefix.stats.ttft_s:.3f}s (restored {prefix.stats.cached_tokens}, "
+              f"cold {plain_b.stats.ttft_s:.2f}s) "
               f"save {save_s:.3f}s of {total + save_s:.2f}s", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     session.close()
@@ -74,7 +77,8 @@ def bench_model(name, path, reps, n_tokens, n_prefix):
             "cold_ttft_s": med["cold"], "warm_exact_ttft_s": med["warm_exact"],
             "warm_prefix_ttft_s": med["warm_prefix"],
             "exact_speedup": med["cold"] / med["warm_exact"],
-            "prefix_speedup": med["cold"] / med["warm_prefix"],
+            "cold_prefix_ttft_s": med["cold_prefix"],
+            "prefix_speedup": med["cold_prefix"] / med["warm_prefix"],
             "save_s": med["save_s"], "save_fraction": med["save_frac"], "identical": identical}
 
 

@@ -59,12 +59,10 @@ class PromptLookup:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed = 0        # n-grams ending before this position are in the index
-        self.seen: list[int] = []
 
     def prepare(self, prompt: Sequence[int]) -> None:
         self.index.clear()
         self.indexed = 0
-        self.seen = []
 
     def propose(self, context: Sequence[int], n: int, policy: Policy) -> Draft:
         start = time.perf_counter()
@@ -81,7 +79,10 @@ class PromptLookup:
         return Draft([], None, time.perf_counter() - start)
 
     def _sync(self, context: Sequence[int]) -> None:
-        if common_prefix(self.seen, context) < len(self.seen):   # a new sequence: start over
+        # Between prepare() calls the context only grows (accepted tokens are appended), so only
+        # the new tail is indexed: comparing or copying the whole context each round would cost
+        # O(context) on the per-token path. A shorter context means a new sequence.
+        if len(context) - 1 < self.indexed:
             self.prepare(context)
         # Index n-grams ending at every position except the last: the last one is the query.
         for end in range(self.indexed, len(context) - 1):
@@ -89,7 +90,6 @@ class PromptLookup:
                 if end + 1 >= size:
                     self.index[tuple(context[end + 1 - size:end + 1])] = end
         self.indexed = max(self.indexed, len(context) - 1)
-        self.seen = list(context)
 
     def close(self) -> None:
         pass

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from localinfer import batching
 from localinfer.backends import Session
 from localinfer.errors import ContextOverflow, LocalinferError
 from localinfer.sampling import Sampler
@@ -55,10 +56,6 @@ class Stats:
         }
 
 
-GRAIN = 64          # prompt-cache entries end on multiples of this many tokens
-CHECKPOINT = 256    # sliding-window models: an entry every this many tokens (they are never trimmed)
-
-
 @dataclass(frozen=True)
 class CacheEvent:
     """What the prompt cache did for the last prefill, for `-v`."""
@@ -72,11 +69,9 @@ class CacheEvent:
 class KVCache:
     """The tokens a session holds in its KV cache, so a new prompt re-evaluates only what differs.
 
-    Prefill evaluates a prompt in batches whose boundaries are fixed by the prompt alone: multiples
-    of n_batch from position 0, and the last batch starting at the last multiple of GRAIN before the
-    final token. llama.cpp's results depend on how tokens are batched, so this is what makes a state
-    restored from the prompt cache (always cut at a multiple of GRAIN) continue exactly as a cold run
-    would: greedy output is the same token for token.
+    Prefill cuts the prompt into batches by the rules of `batching`, which make a state restored
+    from the prompt cache continue exactly as a cold run would: greedy output is the same token for
+    token, while a cold prompt still goes through the engine in full batches.
     """
 
     def __init__(self, session: Session, store: PromptStore | None = None) -> None:
@@ -84,33 +79,32 @@ class KVCache:
         self.tokens: list[int] = []
         self.store = store
         self.last_event: CacheEvent | None = None
-        self._canonical = 0        # leading KV entries computed with the batching above
+        self._canonical = 0        # leading KV entries computed as any cold run would compute them
         self._pending: list[tuple[list[int], bytes]] = []
+        self._window = int(getattr(session, "sliding_window", 0) or 0)
+        self._n_batch = int(getattr(session, "n_batch", 512))
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Evaluate the prompt, reusing the longest common prefix; returns (last logits, reused)."""
-        if len(prompt) > self.session.n_ctx:
+        n = len(prompt)
+        if n > self.session.n_ctx:
             raise ContextOverflow(
-                f"the prompt is {len(prompt)} tokens but the context holds {self.session.n_ctx}; "
+                f"the prompt is {n} tokens but the context holds {self.session.n_ctx}; "
                 "raise --ctx or shorten the prompt")
-        tail = (len(prompt) - 1) // GRAIN * GRAIN
+        limit = batching.restore_limit(n, self._window)
         # Always evaluate at least the last prompt token: its logits give the first new token.
-        reuse = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        reuse = min(common_prefix(self.tokens, prompt), n - 1)
         if self.store is not None:
-            reuse = self._restore(prompt, reuse, tail)
+            reuse = self._restore(prompt, reuse, limit)
         if not self.session.trim(reuse):
             self.session.reset()
             reuse = 0
         del self.tokens[reuse:]
         self._canonical = min(self._canonical, reuse)
-        canonical = reuse == self._canonical and reuse % GRAIN == 0
-        self._pending = []
-        self._eval_batches(prompt, reuse, tail, snapshots=canonical and self.store is not None)
-        if canonical and reuse < tail:
-            self._canonical = tail
-        start = max(reuse, tail)
-        logits = self.session.eval(prompt[start:])
-        self.tokens.extend(prompt[start:])
+        canonical = reuse == self._canonical and reuse % batching.GRAIN == 0 and reuse <= limit
+        logits = self._evaluate(prompt, reuse, snapshots=canonical and self.store is not None)
+        if canonical:
+            self._canonical = max(reuse, batching.canonical_end(n, self._window))
         return logits, reuse
 
     def step(self, token: int) -> np.ndarray:
@@ -125,36 +119,36 @@ class KVCache:
 
     def persist(self) -> int:
         """Save the last prefill's states to the prompt cache; returns the longest entry saved in
-        tokens (0 for none). Called after the reply, so saving costs no time to first token."""
+        tokens (0 for none). Called after the reply, so writing costs no time to first token."""
         pending, self._pending = self._pending, []
         if self.store is None:
             return 0
         return max((len(tokens) for tokens, state in pending if self.store.save(tokens, state)),
                    default=0)
 
-    def _eval_batches(self, prompt: Sequence[int], start: int, end: int, *, snapshots: bool) -> None:
-        """Evaluate prompt[start:end] in batches cut at fixed absolute positions; with `snapshots`,
-        keep the states to save: at `end`, and at each checkpoint for a sliding-window model."""
-        batch = getattr(self.session, "n_batch", 512)
-        windowed = bool(getattr(self.session, "sliding_window", 0))
-        step = min(batch, CHECKPOINT) if windowed else batch
-        while start < end:
-            stop = min(end, (start // step + 1) * step)
-            self.session.eval(prompt[start:stop])
-            self.tokens.extend(prompt[start:stop])
-            start = stop
-            if snapshots and (stop == end or windowed):
-                self._pending.append((list(prompt[:stop]), self.session.state()))
+    def _evaluate(self, prompt: Sequence[int], start: int, *, snapshots: bool) -> np.ndarray:
+        """Evaluate prompt[start:] batch by batch; with `snapshots`, keep the states to save."""
+        n = len(prompt)
+        keep = set(batching.snapshot_ends(start, n, self._n_batch, self._window)) if snapshots else ()
+        self._pending = []
+        logits = None
+        for end in batching.batch_ends(start, n, self._n_batch, self._window):
+            logits = self.session.eval(prompt[start:end])
+            self.tokens.extend(prompt[start:end])
+            start = end
+            if end in keep:
+                self._pending.append((list(prompt[:end]), self.session.state()))
+        assert logits is not None
+        return logits
 
-    def _restore(self, prompt: Sequence[int], reuse: int, tail: int) -> int:
+    def _restore(self, prompt: Sequence[int], reuse: int, limit: int) -> int:
         """Load the longest cached prefix from disk when it beats what the session already holds."""
         store = self.store
         assert store is not None
-        # A sliding-window model's state cannot be trimmed back: only an entry that is wholly a
-        # prefix of this prompt will do.
-        whole = bool(getattr(self.session, "sliding_window", 0))
-        found = store.longest_prefix(prompt, whole=whole, limit=tail)
-        usable = min(found[1], tail) // GRAIN * GRAIN if found else 0
+        # A sliding-window state longer than the window cannot be trimmed back: such an entry is
+        # only usable when it is wholly a prefix of this prompt.
+        found = store.longest_prefix(prompt, limit=limit, rigid_over=self._window or None)
+        usable = found[1] // batching.GRAIN * batching.GRAIN if found else 0
         if found is None or usable <= reuse:
             note = f"nothing on disk beats the {reuse} tokens the session holds" if reuse else "miss"
             self.last_event = CacheEvent(False, note=note)
@@ -182,8 +176,8 @@ class KVCache:
 class PromptStore(Protocol):
     """The prompt cache as KVCache uses it (prompt_cache.PromptCache)."""
 
-    def longest_prefix(self, tokens: Sequence[int], *, whole: bool = False,
-                       limit: int | None = None) -> tuple[Any, int] | None: ...
+    def longest_prefix(self, tokens: Sequence[int], *, limit: int,
+                       rigid_over: int | None = None) -> tuple[Any, int] | None: ...
     def load(self, head: Any) -> bytes | None: ...
     def drop(self, head: Any) -> None: ...
     def save(self, tokens: Sequence[int], state: bytes) -> Any: ...

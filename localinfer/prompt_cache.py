@@ -40,17 +40,20 @@ class PromptCache:
         self.key = json.dumps(identity, sort_keys=True, default=str)
         self.dir = root / hashlib.sha256(self.key.encode()).hexdigest()[:16]
 
-    def longest_prefix(self, tokens: Sequence[int], *, whole: bool = False,
-                       limit: int | None = None) -> tuple[EntryHead, int] | None:
-        """The entry sharing the longest token prefix with `tokens`, and the length shared.
-
-        With `whole`, only entries that are entirely a prefix of `tokens`, at most `limit` long.
+    def longest_prefix(self, tokens: Sequence[int], *, limit: int | None = None,
+                       rigid_over: int | None = None) -> tuple[EntryHead, int] | None:
+        """The entry sharing the longest token prefix with `tokens`, and the length shared, counted
+        up to `limit`. An entry longer than `rigid_over` tokens cannot be trimmed back once
+        restored: it counts only when it is wholly a prefix of `tokens` and no longer than `limit`.
         """
         best: tuple[EntryHead, int] | None = None
         for head in self._heads():
             shared = common_prefix(head.tokens, tokens)
-            if whole and (shared < len(head.tokens) or (limit is not None and shared > limit)):
+            if rigid_over is not None and len(head.tokens) > rigid_over and (
+                    shared < len(head.tokens) or (limit is not None and shared > limit)):
                 continue
+            if limit is not None:
+                shared = min(shared, limit)
             if shared and (best is None or shared > best[1]):
                 best = (head, shared)
         return best
@@ -182,13 +185,13 @@ def _touch(path: Path) -> None:
 def open_for(session, *, enabled: bool = True) -> PromptCache | None:
     """The prompt cache for a loaded session, or None when disabled (--no-cache or a cap of 0)."""
     from localinfer import settings
-    from localinfer.decode import GRAIN
+    from localinfer.batching import LAYOUT
     conf = settings.load()
     cap = conf.prompt_cache_bytes
     cap = DEFAULT_CAP_BYTES if cap is None else cap
     if not enabled or cap <= 0:
         return None
-    identity = {**session.state_identity(), "grain": GRAIN, "format": cache_entry.VERSION}
+    identity = {**session.state_identity(), "batching": LAYOUT, "format": cache_entry.VERSION}
     return PromptCache(conf.prompt_cache_dir, identity, label=Path(str(identity["model"])).name,
                        cap_bytes=cap)
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from localinfer.backends import LoadOptions
-from localinfer.decode import GRAIN, Generation, KVCache, Limits
+from localinfer.batching import LAYOUT, restore_limit
+from localinfer.decode import Generation, KVCache, Limits
 from localinfer.prompt_cache import PromptCache
 from localinfer.sampling import SamplingParams, make_sampler
 
@@ -35,7 +36,7 @@ def session(request, smollm_path, gemma_path):
 
 
 def _store(session, root: Path, **changes) -> PromptCache:
-    identity = {**session.state_identity(), "grain": GRAIN, **changes}
+    identity = {**session.state_identity(), "batching": LAYOUT, **changes}
     return PromptCache(root, identity, label="test", cap_bytes=10 ** 9)
 
 
@@ -62,12 +63,32 @@ def test_cold_warm_exact_and_warm_prefix_give_identical_greedy_output(session, t
     cold_a, cache = _generate(session, store, a)
     assert cache.last_event is not None and not cache.last_event.hit
     warm_a, cache = _generate(session, store, a)
-    assert cache.last_event.hit and cache.last_event.restored == (len(a) - 1) // GRAIN * GRAIN
+    assert cache.last_event.hit
+    assert cache.last_event.restored == restore_limit(len(a), session.sliding_window)
     assert warm_a == cold_a
     cold_b, _ = _generate(session, None, b)
     warm_b, cache = _generate(session, store, b)
     assert cache.last_event.hit and 512 <= cache.last_event.restored <= 576
     assert warm_b == cold_b
+
+
+def test_prompts_within_one_batch_are_identical_cold_and_warm(session, tmp_path):
+    # Shorter than n_batch and Gemma's window: a cold run is one batch, a warm one restores a state
+    # made from a longer prompt, trims it back and evaluates the rest in a smaller batch.
+    doc = session.tokenize(_text(3000), special=False)
+    question = session.tokenize("\n\nSummary in one line:", special=False)
+    longer, shorter = doc[:450] + question, doc[:300] + question
+    store = _store(session, tmp_path)
+    _generate(session, store, longer)
+    cold, _ = _generate(session, None, shorter)
+    warm, cache = _generate(session, store, shorter)
+    assert cache.last_event.hit
+    assert cache.last_event.restored == restore_limit(len(shorter), session.sliding_window)
+    assert warm == cold
+    cold_exact, _ = _generate(session, None, longer)
+    warm_exact, cache = _generate(session, store, longer)
+    assert cache.last_event.restored == restore_limit(len(longer), session.sliding_window)
+    assert warm_exact == cold_exact
 
 
 def test_state_round_trip_restores_the_same_logits(session):
@@ -125,7 +146,8 @@ def test_bad_entry_is_detected_dropped_and_recomputed(session, tmp_path, damage)
         path.write_bytes(data)
     out, cache = _generate(session, store, a)
     # Nothing came from the damaged entry: a miss or, for Gemma, an intact shorter checkpoint.
-    assert not cache.last_event.hit or cache.last_event.restored < (len(a) - 1) // GRAIN * GRAIN
+    assert not cache.last_event.hit or \
+        cache.last_event.restored < restore_limit(len(a), session.sliding_window)
     assert out == cold
     # The bad entry is gone and a good one took its place.
     out, cache = _generate(session, store, a)

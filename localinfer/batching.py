@@ -1,0 +1,74 @@
+"""Where prefill cuts a prompt into engine batches, so that a state restored from the prompt cache
+continues exactly as a cold run of the same prompt would.
+
+llama.cpp's CPU results for a position depend on the batch it was computed in, but only through
+two things (measured on both real models; the reasons are in its kernels): flash attention takes a
+tiled path for batches of 64 rows or more and a row-by-row path below that, and the repacked
+matrix kernels treat rows in groups of 4 counted from the batch start. So a row comes out the same
+whatever batch it is in, as long as that batch starts on a multiple of GRAIN and holds at least
+GRAIN rows. A cold prompt is therefore evaluated in full batches (n_batch tokens, the last one
+never shorter than GRAIN), and a cached state is only resumed at a multiple of GRAIN at least GRAIN
+tokens before the prompt's end.
+
+A sliding-window model (Gemma 3) is the exception once a prompt outgrows the window: its saved
+state leaves out cells already outside the window, so it cannot be trimmed back, and entries must
+end exactly where a batch ended. Such "rigid" prompts are cut every CHECKPOINT tokens and at the
+last multiple of GRAIN before the final token, and an entry is kept at each of those cuts.
+"""
+
+from __future__ import annotations
+
+GRAIN = 64          # restore points and batch starts are multiples of this; batches at least this long
+CHECKPOINT = 256    # rigid prompts: a batch ends (and an entry is kept) every this many tokens
+LAYOUT = "v2"       # changes whenever the rules above do: part of the prompt-cache key
+
+
+def is_rigid(n_prompt: int, window: int) -> bool:
+    """Whether a state of this prompt cannot be trimmed back (it outgrows a sliding window)."""
+    return bool(window) and n_prompt > window
+
+
+def restore_limit(n_prompt: int, window: int) -> int:
+    """The furthest position a restored state may end at before evaluating the rest."""
+    if is_rigid(n_prompt, window):
+        return (n_prompt - 1) // GRAIN * GRAIN
+    return max(n_prompt - GRAIN, 0) // GRAIN * GRAIN
+
+
+def batch_ends(start: int, n_prompt: int, n_batch: int, window: int) -> list[int]:
+    """End positions of the batches that evaluate prompt[start:n_prompt]."""
+    if is_rigid(n_prompt, window):
+        return _rigid_ends(start, n_prompt, min(n_batch, CHECKPOINT))
+    ends, pos = [], start
+    while n_prompt - pos > n_batch:
+        end = pos + n_batch
+        if n_prompt - end < GRAIN:        # keep the last batch on the tiled path
+            end = max((n_prompt - GRAIN) // GRAIN * GRAIN, pos + GRAIN)
+        ends.append(end)
+        pos = end
+    ends.append(n_prompt)
+    return ends
+
+
+def snapshot_ends(start: int, n_prompt: int, n_batch: int, window: int) -> list[int]:
+    """The batch ends after which a state is worth keeping in the prompt cache."""
+    if is_rigid(n_prompt, window):
+        tail = restore_limit(n_prompt, window)
+        return [end for end in batch_ends(start, n_prompt, n_batch, window) if end <= tail]
+    return [n_prompt] if n_prompt >= GRAIN else []
+
+
+def canonical_end(n_prompt: int, window: int) -> int:
+    """After a canonical prefill, how many leading positions any longer prompt would compute alike."""
+    if is_rigid(n_prompt, window):
+        return restore_limit(n_prompt, window)
+    return n_prompt if n_prompt >= GRAIN else 0
+
+
+def _rigid_ends(start: int, n_prompt: int, step: int) -> list[int]:
+    tail = (n_prompt - 1) // GRAIN * GRAIN
+    ends = list(range((start // step + 1) * step, tail, step))
+    if tail > start:
+        ends.append(tail)
+    ends.append(n_prompt)
+    return ends

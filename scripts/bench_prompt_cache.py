@@ -16,14 +16,21 @@ from pathlib import Path
 from localinfer import runner
 from localinfer.backends import LoadOptions
 from localinfer.backends.llama_cpp import LlamaCppSession
-from localinfer.decode import GRAIN, Generation, KVCache, Limits
+from localinfer.batching import LAYOUT
+from localinfer.decode import Generation, KVCache, Limits
 from localinfer.prompt_cache import PromptCache
 from localinfer.sampling import SamplingParams, make_sampler
 
-MODELS = {"SmolLM2-135M Q4_1": Path("/work/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-          "gemma-3-270m Q4_K_M": Path("/work/models/gemma-3-270m-q4_k_m.gguf")}
+MODELS = ("smollm2", "gemma-3-270m")   # catalogue names, pulled through localinfer's own store
 DOC = Path(__file__).resolve().parents[1] / "README.md"
 GREEDY = make_sampler(SamplingParams(temperature=0))
+
+
+def model_path(name: str) -> Path:
+    """The model's file in the store (LOCALINFER_HOME applies), pulled first when missing."""
+    _, cat, store = runner.context()
+    ref = runner.parse_ref(name, cat)
+    return runner.locate(ref, store, offline=False, progress=False, notify=print)
 
 
 def generate(session, store, prompt, n_gen=16):
@@ -54,7 +61,7 @@ def bench_model(name, path, reps, n_tokens, n_prefix):
     identical = True
     for rep in range(reps):
         with tempfile.TemporaryDirectory() as root:
-            store = PromptCache(Path(root), {**session.state_identity(), "grain": GRAIN},
+            store = PromptCache(Path(root), {**session.state_identity(), "batching": LAYOUT},
                                 label=path.name, cap_bytes=10 ** 10)
             cold, total, save_s = generate(session, store, a)
             exact, _, _ = generate(session, store, a)
@@ -105,8 +112,9 @@ def main():
     ap.add_argument("--prefix", type=int, default=1500)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    results = [bench_model(n, p, args.reps, args.tokens, args.prefix) for n, p in MODELS.items()]
-    chat = bench_chat(MODELS["SmolLM2-135M Q4_1"])
+    paths = {name: model_path(name) for name in MODELS}
+    results = [bench_model(n, p, args.reps, args.tokens, args.prefix) for n, p in paths.items()]
+    chat = bench_chat(paths["smollm2"])
     for r in results:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
     for i, (t, p, c) in enumerate(chat, 1):

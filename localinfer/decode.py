@@ -184,11 +184,24 @@ class PromptStore(Protocol):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    """Length of the shared start of two token sequences.
+
+    Called every round of speculation over the whole context, so it compares list slices (in C)
+    and bisects towards the first difference instead of walking token by token.
+    """
+    a, b = (x if isinstance(x, list) else list(x) for x in (a, b))
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 16:            # a[:lo] == b[:lo]; the first difference lies in [lo, hi)
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 class StopMatcher:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
 
-import numpy as np
+if TYPE_CHECKING:          # numpy only for the annotations: `localinfer quantize` never needs it
+    import numpy as np
 
 from localinfer.errors import UsageError
 
@@ -66,6 +67,8 @@ class Backend:
     supports_architecture: Callable[[str], bool]
     load: Callable[[Path, LoadOptions], Session]
     describe: Callable[[], dict]   # facts for `localinfer devices`
+    # Why `auto` must not pick this backend on this machine (None: it may), e.g. MLX off Metal.
+    auto_blocker: Callable[[], str | None] = lambda: None
 
 
 def _llama_cpp() -> Backend:
@@ -73,8 +76,15 @@ def _llama_cpp() -> Backend:
     return llama_cpp.BACKEND
 
 
-# Registry in order of preference for `auto`; later backends (MLX, ONNX Runtime) add a line here.
+def _mlx() -> Backend:
+    from localinfer.backends import mlx_backend
+    return mlx_backend.BACKEND
+
+
+# Registry in order of preference for `auto`; later backends (ONNX Runtime) add a line here.
+# MLX comes first but `auto` takes it only where its auto_blocker allows (Apple Silicon + Metal).
 _REGISTRY: dict[str, Callable[[], Backend]] = {
+    "mlx": _mlx,
     "llama.cpp": _llama_cpp,
 }
 
@@ -94,9 +104,10 @@ class Choice:
 
 
 def choose(requested: str, architecture: str | None, available: dict[str, bool],
-           supports: Callable[[str, str], bool]) -> Choice:
+           supports: Callable[[str, str], bool], not_here: dict[str, str] | None = None) -> Choice:
     """Pick a backend: the requested one, or the first available one that runs the architecture.
 
+    `not_here` names backends `auto` must pass over on this machine, with why (MLX off Metal).
     A pure function of its arguments so selection is testable without any engine installed.
     """
     if requested != "auto":
@@ -105,13 +116,20 @@ def choose(requested: str, architecture: str | None, available: dict[str, bool],
         if not available[requested]:
             raise UsageError(f"backend '{requested}' is not installed on this machine")
         return Choice(requested, "requested with --backend")
+    passed: list[str] = []
+    blocked = not_here or {}
+    first = next((n for n, ok in available.items() if ok and n not in blocked), None)
     for name, ok in available.items():
         if not ok:
             continue
-        if architecture is None or supports(name, architecture):
-            why = "the preferred backend on this machine" if name == next(iter(available)) else \
+        if name in blocked:
+            passed.append(f"{name}: {blocked[name]}")
+        elif architecture is None or supports(name, architecture):
+            why = "the preferred backend on this machine" if name == first else \
                 "the first available backend that runs this architecture"
-            return Choice(name, why)
+            return Choice(name, f"{why} ({'; '.join(passed)})" if passed else why)
+        else:
+            passed.append(f"{name} cannot run {architecture}")
     raise UsageError("no installed backend can run this model")
 
 
@@ -126,7 +144,19 @@ def _safe_available(name: str) -> bool:
         return False
 
 
+def auto_blockers(available: dict[str, bool]) -> dict[str, str]:
+    """For each installed backend `auto` must pass over on this machine: why."""
+    blocked = {}
+    for name, ok in available.items():
+        reason = get(name).auto_blocker() if ok else None
+        if reason:
+            blocked[name] = reason
+    return blocked
+
+
 def select(requested: str, architecture: str | None) -> tuple[Backend, Choice]:
-    choice = choose(requested, architecture, available_backends(),
-                    lambda name, arch: get(name).supports_architecture(arch))
+    available = available_backends()
+    choice = choose(requested, architecture, available,
+                    lambda name, arch: get(name).supports_architecture(arch),
+                    auto_blockers(available) if requested == "auto" else None)
     return get(choice.backend), choice

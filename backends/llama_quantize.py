@@ -1,4 +1,11 @@
-"""llama.cpp's own quantizer (`llama_model_quantize`), driven through llama-cpp-python's ctypes API.
+"""llama.cpp's own quantizer (`llama_model_quantize`), called through ctypes on the engine library.
+
+Only the four functions the quantizer needs are bound, straight on the libllama that
+llama-cpp-python ships, without importing the llama_cpp package: that import (numpy, jinja2 and its
+high-level API) would cost `localinfer quantize` a tenth of a second that `llama-quantize` does not
+pay. The struct follows llama.h of the pinned llama-cpp-python; tests/test_quantize.py checks it
+against the package's own declaration. Where the library is not at its usual place, the package
+loads it instead.
 
 The call runs on a worker thread so that Ctrl-C reaches Python at once: the caller removes the
 partial file and exits while llama.cpp is still busy. llama.cpp reports per-tensor progress through
@@ -8,18 +15,58 @@ its log callback in fragments; they are joined into whole lines for the caller.
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.util
+import sys
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
-from localinfer.backends import llama_cpp
 from localinfer.errors import LocalinferError
 
 OnLine = Callable[[str], None]
 _abandoned: list = []     # arguments of interrupted calls still running on their thread
+
+
+class QuantizeParams(ctypes.Structure):
+    """struct llama_model_quantize_params; the pointer members as void pointers."""
+
+    _fields_ = [
+        ("nthread", ctypes.c_int32),
+        ("ftype", ctypes.c_int),
+        ("output_tensor_type", ctypes.c_int),
+        ("token_embedding_type", ctypes.c_int),
+        ("allow_requantize", ctypes.c_bool),
+        ("quantize_output_tensor", ctypes.c_bool),
+        ("only_copy", ctypes.c_bool),
+        ("pure", ctypes.c_bool),
+        ("keep_split", ctypes.c_bool),
+        ("dry_run", ctypes.c_bool),
+        ("imatrix", ctypes.c_void_p),         # llama_model_imatrix_data[], name NULL ends it
+        ("kv_overrides", ctypes.c_void_p),    # llama_model_kv_override[], key "" ends it
+        ("tt_overrides", ctypes.c_void_p),
+        ("prune_layers", ctypes.c_void_p),
+        ("max_buf_size", ctypes.c_size_t),
+    ]
+
+
+class _ImatrixEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.POINTER(ctypes.c_float)),
+                ("size", ctypes.c_size_t)]
+
+
+class _KvValue(ctypes.Union):
+    _fields_ = [("val_i64", ctypes.c_int64), ("val_f64", ctypes.c_double),
+                ("val_bool", ctypes.c_bool), ("val_str", ctypes.c_char * 128)]
+
+
+class _KvOverride(ctypes.Structure):
+    _fields_ = [("tag", ctypes.c_int), ("key", ctypes.c_char * 128), ("value", _KvValue)]
+
+
+_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 @dataclass
@@ -31,77 +78,130 @@ class QuantizeCall:
     ftype: int                            # llama_ftype
     threads: int = 0                      # 0: llama.cpp's default (all hardware threads)
     allow_requantize: bool = False
-    imatrix: dict[str, np.ndarray] | None = None
+    imatrix: dict | None = None           # tensor name -> numpy float32 vector
     # Written into the output's metadata as llama-quantize does (imatrix provenance).
     kv_overrides: list[tuple[str, int | str]] = field(default_factory=list)
 
 
-class _LineJoiner:
-    """llama.cpp logs a tensor's line in several fragments; hand whole lines on."""
+class QuantizeFailed(LocalinferError):
+    """llama.cpp refused or failed; `reason` is its own words."""
+
+    def __init__(self, src: Path, reason: str) -> None:
+        super().__init__(f"llama.cpp could not quantize {src.name}: {reason}")
+        self.reason = reason
+
+
+class _Engine:
+    """The few libllama functions the quantizer needs, bound with their own prototypes so that
+    nothing is changed on function objects the llama_cpp package may share."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        def bind(name: str, restype, *argtypes):
+            return ctypes.CFUNCTYPE(restype, *argtypes)((name, lib))
+        self.default_params = bind("llama_model_quantize_default_params", QuantizeParams)
+        self.quantize = bind("llama_model_quantize", ctypes.c_uint32, ctypes.c_char_p,
+                             ctypes.c_char_p, ctypes.POINTER(QuantizeParams))
+        self.log_get = bind("llama_log_get", None, ctypes.POINTER(_LogCallback),
+                            ctypes.POINTER(ctypes.c_void_p))
+        self.log_set = bind("llama_log_set", None, _LogCallback, ctypes.c_void_p)
+        bind("llama_backend_init", None)()
+
+
+@functools.lru_cache(maxsize=1)
+def _engine() -> _Engine:
+    return _Engine(_load_library())
+
+
+def _load_library() -> ctypes.CDLL:
+    from localinfer import settings
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise LocalinferError("llama-cpp-python is not installed: pip install llama-cpp-python")
+    name = {"linux": "libllama.so", "darwin": "libllama.dylib"}.get(sys.platform)
+    path = Path(next(iter(spec.submodule_search_locations))) / "lib" / (name or "")
+    if name and path.is_file() and settings.load().engine_lib_dir is None:
+        return ctypes.CDLL(str(path))
+    import llama_cpp           # elsewhere (Windows, LLAMA_CPP_LIB_PATH): the package's own loader
+    return llama_cpp.llama_cpp._lib
+
+
+class _LogCapture:
+    """Collects llama.cpp's log while one call runs: whole lines to `on_line`, the last ones kept
+    for the error message."""
+
+    _CONT = 5                 # GGML_LOG_LEVEL_CONT: a fragment continuing the previous line
 
     def __init__(self, on_line: OnLine) -> None:
         self.on_line, self.buffer = on_line, ""
+        self.recent: deque[str] = deque(maxlen=20)
+        self.callback = _LogCallback(self._on_fragment)   # kept alive as long as llama.cpp may call
 
-    def __call__(self, _level: int, fragment: str) -> None:
-        self.buffer += fragment
+    def _on_fragment(self, _level: int, text: bytes, _user) -> None:
+        self.buffer += text.decode("utf-8", "replace")
         while "\n" in self.buffer:
             line, self.buffer = self.buffer.split("\n", 1)
             if line.strip():
+                self.recent.append(line.strip())
                 self.on_line(line)
+
+    def reason(self) -> str:
+        for line in reversed(self.recent):
+            if "failed to quantize:" in line:
+                return line.split("failed to quantize:", 1)[1].strip()
+        return self.recent[-1] if self.recent else "unknown error"
 
 
 def quantize(call: QuantizeCall, on_line: OnLine, *, dry_run: bool = False) -> None:
-    """Run the quantizer; raise LocalinferError with llama.cpp's reason when it fails."""
-    lib = llama_cpp._lib()
-    log = llama_cpp._init(verbose=False)
-    params, keep_alive = _params(lib, call, dry_run)
+    """Run the quantizer; raise QuantizeFailed with llama.cpp's reason when it fails."""
+    engine = _engine()
+    params, keep_alive = _params(engine, call, dry_run)
     dst = b"" if call.dst is None else str(call.dst).encode()
+    capture = _LogCapture(on_line)
     outcome: dict[str, int] = {}
 
     def work() -> None:
-        outcome["rc"] = lib.llama_model_quantize(str(call.src).encode(), dst, ctypes.byref(params))
+        outcome["rc"] = engine.quantize(str(call.src).encode(), dst, ctypes.byref(params))
 
-    log.listener = _LineJoiner(on_line)
+    # Whoever logged before (the llama.cpp backend's router) gets the log back afterwards.
+    previous, previous_data = _LogCallback(), ctypes.c_void_p()
+    engine.log_get(ctypes.byref(previous), ctypes.byref(previous_data))
+    engine.log_set(capture.callback, None)
     worker = threading.Thread(target=work, name="llama-quantize", daemon=True)
     worker.start()
     try:
         while worker.is_alive():
             worker.join(0.1)           # short waits: KeyboardInterrupt is delivered between them
     except BaseException:
-        # llama.cpp keeps running until the process exits: its buffers must stay alive till then.
-        _abandoned.append((params, keep_alive))
+        # llama.cpp keeps running until the process exits: its buffers and our callback must
+        # stay alive till then, and its lines go on to our capture, not to a restored logger.
+        _abandoned.append((params, keep_alive, capture))
         raise
-    finally:
-        log.listener = None
+    engine.log_set(previous, previous_data)
     if outcome.get("rc", 1) != 0:
-        raise LocalinferError(f"llama.cpp could not quantize {call.src.name}: {_reason(log)}")
+        raise QuantizeFailed(call.src, capture.reason())
 
 
-def _reason(log) -> str:
-    for line in reversed(log.recent):
-        if "failed to quantize:" in line:
-            return line.split("failed to quantize:", 1)[1].strip()
-    return log.last_error() or "unknown error"
-
-
-def _params(lib, call: QuantizeCall, dry_run: bool):
-    params = lib.llama_model_quantize_default_params()
+def _params(engine: _Engine, call: QuantizeCall, dry_run: bool):
+    params = engine.default_params()
     params.nthread = call.threads
     params.ftype = call.ftype
     params.allow_requantize = call.allow_requantize
     params.dry_run = dry_run
     keep_alive: list = []                 # ctypes buffers that must outlive the call
     if call.imatrix:
-        params.imatrix, held = _imatrix_array(lib, call.imatrix)
+        entries, held = _imatrix_array(call.imatrix)
+        params.imatrix = ctypes.cast(entries, ctypes.c_void_p)
         keep_alive.append(held)
     if call.kv_overrides:
-        params.kv_overrides = _overrides(lib, call.kv_overrides)
-        keep_alive.append(params.kv_overrides)
+        overrides = _overrides(call.kv_overrides)
+        params.kv_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        keep_alive.append(overrides)
     return params, keep_alive
 
 
-def _imatrix_array(lib, imatrix: dict[str, np.ndarray]):
-    entries = (lib.llama_model_imatrix_data * (len(imatrix) + 1))()   # last one: the terminator
+def _imatrix_array(imatrix: dict):
+    import numpy as np       # only with an importance matrix, which is numpy data already
+    entries = (_ImatrixEntry * (len(imatrix) + 1))()                 # last one: the terminator
     held = [entries]
     for i, (name, values) in enumerate(imatrix.items()):
         data = np.ascontiguousarray(values, dtype=np.float32)
@@ -115,8 +215,8 @@ def _imatrix_array(lib, imatrix: dict[str, np.ndarray]):
 _TAG_INT, _TAG_STR = 0, 3     # llama_model_kv_override_type
 
 
-def _overrides(lib, pairs: list[tuple[str, int | str]]):
-    array = (lib.llama_model_kv_override * (len(pairs) + 1))()      # key "" terminates
+def _overrides(pairs: list[tuple[str, int | str]]):
+    array = (_KvOverride * (len(pairs) + 1))()                       # key "" terminates
     for slot, (key, value) in zip(array, pairs):
         slot.key = key.encode()
         if isinstance(value, int):

@@ -7,7 +7,10 @@ import time
 
 import typer
 
-from localinfer import console, prompt_cache, settings
+from localinfer import console, settings
+
+# prompt_cache (and its numpy) is imported by each command: this module is loaded for every
+# `localinfer` invocation, because the main app registers it as a sub-command.
 
 app = typer.Typer(help="The prompt cache: KV states of earlier prompts, reused automatically.",
                   no_args_is_help=True)
@@ -16,6 +19,7 @@ app = typer.Typer(help="The prompt cache: KV states of earlier prompts, reused a
 @app.command("ls")
 def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Entries, most recently used first."""
+    from localinfer import prompt_cache
     heads = prompt_cache.entries(settings.load().prompt_cache_dir)
     if as_json:
         rows = [{"model": h.label, "tokens": len(h.tokens), "bytes": h.size,
@@ -33,6 +37,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
 @app.command()
 def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Entries, bytes used and the cap."""
+    from localinfer import prompt_cache
     conf = settings.load()
     use = prompt_cache.usage(conf.prompt_cache_dir)
     cap = conf.prompt_cache_bytes
@@ -49,6 +54,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 @app.command()
 def clear() -> None:
     """Delete every entry."""
+    from localinfer import prompt_cache
     gone = prompt_cache.clear(settings.load().prompt_cache_dir)
     console.note(f"removed {gone.entries} entries ({console.human_size(gone.bytes)})")
 

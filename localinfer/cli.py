@@ -6,25 +6,33 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import click
 import typer
 
-from localinfer import console, prompt_cache, runner
+from localinfer import console, runner
 from localinfer.backends import BACKEND_CHOICES, LoadOptions
-from localinfer.decode import Generation, KVCache, Limits
 from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError,
                                UsageError)
-from localinfer.sampling import SamplingParams, make_sampler
 
-# typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's.
+# Modules a command needs are imported inside it: `quantize` or `list` should not pay for the
+# decode loop, the prompt cache and their numpy at start-up.
+if TYPE_CHECKING:
+    from localinfer import prompt_cache
+    from localinfer.decode import Generation, Limits
+    from localinfer.sampling import SamplingParams
+
+# typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's,
+# and it no longer imports click at all (so neither do we: a hundredth of a second).
 try:
     from typer._click.exceptions import NoArgsIsHelpError, UsageError as _ClickUsageError
+    _CLICK_EXIT: tuple[type[BaseException], ...] = (typer.Exit,)
+    _CLICK_ABORT: tuple[type[BaseException], ...] = (typer.Abort,)
 except ImportError:
+    import click
     from click.exceptions import NoArgsIsHelpError, UsageError as _ClickUsageError
-_CLICK_EXIT = (click.exceptions.Exit, typer.Exit)
-_CLICK_ABORT = (click.exceptions.Abort, typer.Abort)
+    _CLICK_EXIT = (click.exceptions.Exit, typer.Exit)
+    _CLICK_ABORT = (click.exceptions.Abort, typer.Abort)
 
 app = typer.Typer(
     help="Run language models locally, as fast as the hardware allows.",
@@ -45,25 +53,42 @@ def _backend_option():
     return typer.Option("auto", "--backend", help=f"Inference backend: {'|'.join(BACKEND_CHOICES)}.")
 
 
-def _load_options(ctx: int, threads: int, verbose: bool) -> LoadOptions:
-    return LoadOptions(n_ctx=ctx, n_threads=threads, verbose=verbose)
-
-
 def _fit(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_budget: str | None,
-         threads: int, verbose: bool) -> tuple[str, LoadOptions]:
-    """The variant, context and KV type that fit the memory budget (notes on stderr)."""
+         threads: int, verbose: bool, offline: bool) -> tuple[str, LoadOptions]:
+    """The variant, context and KV type that fit the memory budget (pulled or quantized if need
+    be; notes on stderr)."""
     from localinfer import autofit
     chosen = autofit.resolve(model, quant=quant, n_ctx=ctx, kv_type=kv_type,
-                             memory_budget=memory_budget)
+                             memory_budget=memory_budget, offline=offline, notify=console.note,
+                             progress=console.interactive())
     for note in chosen.notes:
         console.note(note)
     return chosen.model, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
                                      kv_type=chosen.kv_type)
 
 
-def _open(model: str, *, backend: str, offline: bool, options: LoadOptions) -> runner.LoadedModel:
+def _quant_option():
+    return typer.Option("auto", "--quant", "-q", help="Variant to run; auto = the most precise one "
+                        "that fits the memory budget (quantized here if none does).")
+
+
+def _memory_option():
+    return typer.Option(None, "--memory", help="Memory budget, e.g. 6GB (default: available RAM "
+                        "minus headroom).")
+
+
+def _kv_type_option():
+    return typer.Option(None, "--kv-type", help="KV cache: f16, q8_0 or q4_0 (default f16; q8_0 "
+                        "when that is what fits).")
+
+
+def _check_backend(backend: str) -> None:
     if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
         raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
+
+
+def _open(model: str, *, backend: str, offline: bool, options: LoadOptions) -> runner.LoadedModel:
+    _check_backend(backend)
     conf, cat, store = runner.context()
     ref = runner.parse_ref(model, cat)
     path = runner.locate(ref, store, offline=offline, progress=console.interactive(),
@@ -101,18 +126,19 @@ def run(
                               "(catalogue draft if on disk, else lookup), lookup, self, none."),
     draft_max: int = typer.Option(8, "--draft-max", min=0, help="Most tokens drafted per round "
                                   "(adaptive below it); 0 = no speculation."),
-    quant: str = typer.Option("auto", "--quant", "-q", help="Variant to run; auto = the most "
-                              "precise one that fits the memory budget."),
-    memory_: Optional[str] = typer.Option(None, "--memory", help="Memory budget, e.g. 6GB "
-                                          "(default: available RAM minus headroom)."),
-    kv_type: Optional[str] = typer.Option(None, "--kv-type", help="KV cache: f16, q8_0 or q4_0 "
-                                          "(default f16; q8_0 when that is what fits)."),
+    quant: str = _quant_option(),
+    memory_: Optional[str] = _memory_option(),
+    kv_type: Optional[str] = _kv_type_option(),
 ) -> None:
     """Generate a completion and stream it to stdout."""
+    from localinfer import prompt_cache
+    from localinfer.decode import Limits
+    from localinfer.sampling import SamplingParams, make_sampler
     if max_tokens == 0:
         raise UsageError("--max-tokens must be -1 (no limit) or at least 1")
+    _check_backend(backend)
     model, options = _fit(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                          threads=threads, verbose=verbose)
+                          threads=threads, verbose=verbose, offline=offline)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     sampler = make_sampler(params)
@@ -145,6 +171,7 @@ def _generation(loaded: runner.LoadedModel, tokens: list[int], params: SamplingP
                 store: prompt_cache.PromptCache | None = None):
     """Plain decoding, or speculative decoding with the drafter --draft names."""
     from localinfer import drafting
+    from localinfer.decode import KVCache
     drafter = None if draft_max == 0 else drafting.open_drafter(
         draft, loaded, options=options, offline=offline, notify=console.note)
     return drafting.generation(loaded, KVCache(loaded.session, store), tokens, params, limits, drafter,
@@ -203,6 +230,7 @@ def _finish(generation: Generation, loaded: runner.LoadedModel, pieces: list[str
         sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it
     sys.stdout.flush()
     if verbose:
+        from localinfer import prompt_cache
         console.note(format_stats(stats, loaded))
         if generation.cache.store is not None:
             console.note(prompt_cache.describe(generation.cache.last_event))
@@ -233,13 +261,21 @@ def chat(
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
+    quant: str = _quant_option(),
+    memory_: Optional[str] = _memory_option(),
+    kv_type: Optional[str] = _kv_type_option(),
 ) -> None:
     """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
     from localinfer import chat as chat_mod
+    from localinfer.decode import Limits
+    from localinfer.sampling import SamplingParams, make_sampler
     if max_tokens == 0:
         raise UsageError("--max-tokens must be -1 (no limit) or at least 1")
     sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
-    loaded = _open(model, backend=backend, offline=offline, options=_load_options(ctx, threads, verbose))
+    _check_backend(backend)
+    model, options = _fit(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
+                          threads=threads, verbose=verbose, offline=offline)
+    loaded = _open(model, backend=backend, offline=offline, options=options)
     chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
                   use_cache=not no_cache)
 

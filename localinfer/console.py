@@ -1,20 +1,35 @@
-"""Terminal output: what goes to stderr, and whether colour and progress bars are allowed there."""
+"""Terminal output: what goes to stderr, and whether colour and progress bars are allowed there.
+
+rich is imported only when stderr is a terminal: on a pipe every line is plain text anyway, and
+the import would cost commands such as `quantize` a few hundredths of a second.
+"""
 
 from __future__ import annotations
 
 import sys
 from functools import lru_cache
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from localinfer import settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @lru_cache(maxsize=1)
 def stderr() -> Console:
     """Rich console on stderr: plain text when stderr is not a terminal or NO_COLOR is set."""
+    from rich.console import Console
     return Console(stderr=True, no_color=settings.load().no_color, highlight=False,
                    soft_wrap=True)
+
+
+def _say(message: str, style: str) -> None:
+    if interactive():
+        stderr().print(message, style=style, markup=False)
+    else:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
 
 
 def interactive(stream=None) -> bool:
@@ -27,15 +42,15 @@ def interactive(stream=None) -> bool:
 
 def note(message: str) -> None:
     """A dim line on stderr for progress and hints."""
-    stderr().print(message, style="dim", markup=False)
+    _say(message, "dim")
 
 
 def warn(message: str) -> None:
-    stderr().print(f"localinfer: warning: {message}", style="yellow", markup=False)
+    _say(f"localinfer: warning: {message}", "yellow")
 
 
 def error(message: str) -> None:
-    stderr().print(f"localinfer: error: {message}", style="bold red", markup=False)
+    _say(f"localinfer: error: {message}", "bold red")
 
 
 def print_table(headers: list[str], rows: list[list[str]]) -> None:

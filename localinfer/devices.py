@@ -34,8 +34,9 @@ def detect() -> dict:
         "backends": _backend_facts(),
     }
     try:
-        choice = backends.choose("auto", None, backends.available_backends(),
-                                 lambda name, arch: True)
+        available = backends.available_backends()
+        choice = backends.choose("auto", None, available, lambda name, arch: True,
+                                 backends.auto_blockers(available))
         facts["run_would_use"] = {"backend": choice.backend, "reason": choice.reason}
     except Exception as e:   # no backend installed: say so rather than fail the report
         facts["run_would_use"] = {"backend": None, "reason": str(e)}
@@ -118,6 +119,9 @@ def show(facts: dict, *, as_json: bool) -> None:
             rows.append([f"backend {name}", "not installed"])
             continue
         gpu = "GPU offload" if entry.get("gpu_offload") else "CPU only (no GPU offload in this build)"
+        if name == "mlx":
+            gpu = "Metal" if entry.get("metal") else "CPU build (no Metal)"
+            gpu += f"; runs {', '.join(entry.get('architectures', []))}"
         rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
     use = facts["run_would_use"]
     rows.append(["run would use", f"{use['backend']}: {use['reason']}"])

@@ -131,12 +131,31 @@ def choose_variant(candidates: list[Candidate], machine: Machine, budget_: Budge
     return None
 
 
-def does_not_fit(name: str, needed: int, budget_: Budget) -> str:
-    """The one line a user reads when nothing fits: needed, available, and what would help."""
+def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_: Budget, *,
+                 kv_type: str | None, smaller_quant: str | None) -> str:
+    """The one line a user reads when nothing fits: needed, available, and what would make it fit.
+
+    `facts` is the smallest variant that was tried. The need is the least `place` can ask for (the
+    shortest context, the smallest KV type it may choose), so the budget named is enough; the
+    q4_0 hint is given only when `place` confirms it. `smaller_quant` says how to get a smaller
+    variant, where one might exist.
+    """
     from localinfer.console import human_size
-    return (f"{name} needs about {human_size(needed)} but {human_size(budget_.ram)} is available "
-            f"({budget_.source}); try a smaller quant (`localinfer quantize`), a shorter --ctx, "
-            f"--kv-type q8_0, or raise the budget with --memory")
+    least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type)
+    hints = []
+    if kv_type != "q4_0" and place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type="q4_0").fits:
+        hints.append(f"--kv-type q4_0 --ctx {MIN_CTX}")
+    if smaller_quant:
+        hints.append(f"a smaller quant ({smaller_quant})")
+    hints.append(f"a budget of {_size_arg(least.needed)} or more (--memory)")
+    return (f"{name} needs at least {human_size(least.needed)} (context {MIN_CTX}, {least.kv_type} "
+            f"KV cache) but {human_size(budget_.ram)} is available ({budget_.source}); "
+            f"it would fit with {' or '.join(hints)}")
+
+
+def _size_arg(n: int) -> str:
+    """`n` bytes as a --memory value, rounded up so that passing it back is enough."""
+    return f"{-(-n // 100_000) / 10:.1f}MB"
 
 
 def detect_machine() -> Machine:

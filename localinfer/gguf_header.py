@@ -2,7 +2,9 @@
 
 `gguf.GGUFReader` builds numpy views for every element of every array, which takes about ten
 seconds on Gemma 3's 262k-token vocabulary here; `info` needs only the counts, so long arrays are
-skipped and summarised by length. Type names and block sizes still come from the gguf package.
+skipped and summarised by length. Type names and block sizes are a table here rather than imported
+from the gguf package, whose import (numpy included) would cost `quantize` a tenth of a second;
+tests/test_quantize.py checks the table against gguf's.
 """
 
 from __future__ import annotations
@@ -12,13 +14,28 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from localinfer.errors import ModelLoadError
+
+# ggml_type id: (name, elements per block, bytes per block), as gguf.GGML_QUANT_SIZES.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4),
+    27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
+BLOCK_SIZES: dict[str, tuple[int, int]] = {name: (block, size)
+                                           for name, block, size in GGML_TYPES.values()}
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _KEEP_ARRAY = 64          # arrays up to this length are kept whole; longer ones become their length
+_U64 = struct.Struct("<Q").unpack_from
 
 
 @dataclass(frozen=True)
@@ -73,8 +90,12 @@ class _Cursor:
         if n <= _KEEP_ARRAY:
             return [self.value(etype) for _ in range(n)]
         if etype == _STRING:
-            for _ in range(n):          # variable length: walk the lengths only
-                self.pos += 8 + struct.unpack_from("<Q", self.buf, self.pos)[0]
+            # Variable length: walk the lengths only (a vocabulary has 50k-260k of them; locals
+            # keep the loop tight).
+            buf, pos = self.buf, self.pos
+            for _ in range(n):
+                pos += 8 + _U64(buf, pos)[0]
+            self.pos = pos
         else:
             self.pos += n * struct.calcsize(_SCALARS[etype])
         return ArrayInfo(n)
@@ -120,6 +141,8 @@ def _tensor(cur: _Cursor) -> Tensor:
         n_elements *= dim
     type_id = cur.unpack("I")
     offset = cur.unpack("Q")
-    qtype = GGMLQuantizationType(type_id)
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    return Tensor(name, qtype.name, n_elements, n_elements // block * block_bytes, offset, shape)
+    if type_id not in GGML_TYPES:
+        raise ModelLoadError(f"tensor {name} has a type this version does not know "
+                             f"(ggml type {type_id})")
+    type_name, block, block_bytes = GGML_TYPES[type_id]
+    return Tensor(name, type_name, n_elements, n_elements // block * block_bytes, offset, shape)

@@ -1,25 +1,29 @@
-"""Quantize a GGUF model with llama.cpp's own quantizer: plan first (exact size), then write atomically.
+"""Quantize a GGUF model with llama.cpp's own quantizer, writing atomically.
 
 `plan` runs llama.cpp's dry run, which decides every tensor's target type exactly as the real run
 will (K-quant mixes keep some tensors at higher precision), and turns those decisions into the exact
-size of the file. `quantize_file` refuses what would fail or silently lose quality, then writes to a
-temporary name beside the destination and renames it into place only when complete.
+size of the file: `quantize --dry-run` and auto-fit use it. `quantize_file` does without it, to cost
+no more than `llama-quantize`: the disk-space check uses a bound read from the header (the exact
+plan only when the bound does not fit), and llama.cpp's own refusals (an importance matrix needed,
+requantizing not allowed) come back as our one-line errors. It writes to a temporary name beside
+the destination and renames it into place only when complete.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from typing import TYPE_CHECKING, Callable
 
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.gguf_header import Header, read_header
-from localinfer.imatrix import Imatrix
+from localinfer.gguf_header import BLOCK_SIZES, Header, read_header
+
+if TYPE_CHECKING:       # the imatrix module needs numpy; a quantization without one does not
+    from localinfer.imatrix import Imatrix
 
 # llama_ftype of every target llama-quantize offers (its QUANT_OPTIONS), best quality first.
 QUANT_TYPES: dict[str, int] = {
@@ -95,17 +99,35 @@ def plan(src: Path, qtype: str, *, imatrix: Imatrix | None = None) -> QuantPlan:
                                        imatrix=imatrix.data if imatrix else None)
     llama_quantize.quantize(call, on_line, dry_run=True)
     tensors = [_tensor_plan(t, targets.get(t.name, t.type_name)) for t in header.tensors]
-    extra = imatrix.kv_overrides(str(imatrix.path)) if imatrix else []
-    size = output_size(header, tensors, extra)
+    size = output_size(header, [t.size for t in tensors], _extra_kv(imatrix))
     return QuantPlan(qtype, tensors, size, needs_imatrix[0] and imatrix is None)
 
 
 def _tensor_plan(tensor, target: str) -> TensorPlan:
-    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[target]]
+    block, block_bytes = BLOCK_SIZES[target]
     return TensorPlan(tensor.name, tensor.type_name, target, tensor.n_elements // block * block_bytes)
 
 
-def output_size(header: Header, tensors: list[TensorPlan],
+def _extra_kv(imatrix: Imatrix | None) -> list[tuple[str, int | str]]:
+    return imatrix.kv_overrides(str(imatrix.path)) if imatrix else []
+
+
+def size_bound(header: Header, qtype: str, imatrix: Imatrix | None = None) -> int:
+    """At least the size of the file `quantize_file` will write, from the header alone.
+
+    A tensor llama.cpp leaves alone keeps its bytes; one it converts gets at most 8.5 bits per
+    weight for a quantized target (Q8_0 is the largest type any mix assigns), or F16 where its
+    rows do not split into 32-weight blocks (llama.cpp's last fallback), or the float target's own.
+    """
+    per_weight = {"F32": 4.0, "F16": 2.0, "BF16": 2.0}.get(qtype)
+
+    def bound(t) -> int:
+        weight_bytes = per_weight or (34 / 32 if t.shape and t.shape[0] % 32 == 0 else 2.0)
+        return max(t.n_bytes, math.ceil(t.n_elements * weight_bytes))
+    return output_size(header, [bound(t) for t in header.tensors], _extra_kv(imatrix))
+
+
+def output_size(header: Header, tensor_sizes: list[int],
                 extra_kv: list[tuple[str, int | str]]) -> int:
     """Bytes of the file llama.cpp writes: the input's header with its own keys set, then every
     tensor padded to the alignment."""
@@ -120,7 +142,7 @@ def output_size(header: Header, tensors: list[TensorPlan],
     for key, value in extra_kv:
         if key not in header.metadata:
             meta += _kv_bytes(key, value)
-    return _pad(meta, align) + sum(_pad(t.size, align) for t in tensors)
+    return _pad(meta, align) + sum(_pad(size, align) for size in tensor_sizes)
 
 
 def _kv_bytes(key: str, value: int | str) -> int:
@@ -133,44 +155,37 @@ def _pad(n: int, align: int) -> int:
 
 
 # -- quantizing ------------------------------------------------------------------------------------
-def check_plan(plan_: QuantPlan, *, allow_requantize: bool, warn: Callable[[str], None]) -> None:
-    """Refuse what llama.cpp would fail on halfway, or what would quietly compound error."""
-    if plan_.needs_imatrix:
-        raise UsageError(f"{plan_.qtype} needs an importance matrix: pass --imatrix FILE "
-                         "(made by llama.cpp's llama-imatrix on this model)")
-    requantized = plan_.requantized_types
-    if requantized and not allow_requantize:
-        raise UsageError(f"the source is already quantized ({', '.join(requantized)}); quantizing it "
-                         "again compounds the rounding error. Start from an F16/F32 file, or pass "
-                         "--allow-requantize to do it anyway")
-    if requantized:
-        warn(f"requantizing {', '.join(requantized)} tensors: their rounding error compounds; "
-             "the result is worse than quantizing the original weights")
-
-
 def quantize_file(src: Path, dst: Path, qtype: str, *, threads: int = 0,
                   allow_requantize: bool = False, imatrix: Imatrix | None = None,
                   progress: Progress | None = None, force: bool = False,
-                  warn: Callable[[str], None] = lambda _: None) -> QuantPlan:
-    """Quantize `src` into `dst` (atomically); return the plan that was carried out.
+                  warn: Callable[[str], None] = lambda _: None) -> int:
+    """Quantize `src` into `dst` (atomically); return the size of the file written.
 
-    For other modules too (a same-model draft for speculative decoding): `qtype` is any name
-    `parse_type` accepts.
+    For other modules too (auto-fit, a same-model draft for speculative decoding): `qtype` is any
+    name `parse_type` accepts.
     """
     qtype = parse_type(qtype)
     src, dst = Path(src), Path(dst)
+    header = read_header(src)       # a clear line for a non-GGUF or truncated input
     _check_paths(src, dst, force=force)
     if imatrix is not None:
-        check_imatrix(imatrix, read_header(src))
-    plan_ = plan(src, qtype, imatrix=imatrix)
-    check_plan(plan_, allow_requantize=allow_requantize, warn=warn)
-    check_space(dst.parent, plan_.file_size)
-    _write(src, dst, plan_, threads=threads, imatrix=imatrix, progress=progress)
-    return plan_
+        check_imatrix(imatrix, header)
+    quantized = quantized_types(header)
+    _check_space_for(src, dst.parent, header, qtype, imatrix)
+    _write(src, dst, qtype, threads=threads, allow_requantize=allow_requantize, imatrix=imatrix,
+           progress=progress, quantized=quantized)
+    if quantized and qtype not in UNQUANTIZED:   # said once the result exists, not before a refusal
+        warn(f"the source was already quantized ({', '.join(quantized)}): requantizing compounds "
+             "the rounding error; the result is worse than quantizing the original weights")
+    return dst.stat().st_size
+
+
+def quantized_types(header: Header) -> list[str]:
+    """The quantized tensor types of a model (what llama.cpp would requantize)."""
+    return sorted({t.type_name for t in header.tensors if t.type_name not in UNQUANTIZED})
 
 
 def _check_paths(src: Path, dst: Path, *, force: bool) -> None:
-    read_header(src)       # a clear line for a non-GGUF or truncated input
     if dst.exists() and not force:
         raise UsageError(f"{dst} already exists; pass --force to replace it")
     if dst.exists() and src.resolve() == dst.resolve():
@@ -181,6 +196,15 @@ def _check_paths(src: Path, dst: Path, *, force: bool) -> None:
         raise LocalinferError(f"cannot create {dst.parent}: {e.strerror}") from e
     if not os.access(dst.parent, os.W_OK):
         raise LocalinferError(f"cannot write to {dst.parent}: permission denied")
+
+
+def _check_space_for(src: Path, folder: Path, header: Header, qtype: str,
+                     imatrix: Imatrix | None) -> None:
+    """Refuse before writing when the result cannot fit on the disk. The header's bound settles it
+    almost always; only when the bound does not fit is the exact size worth a dry run."""
+    if shutil.disk_usage(folder).free >= size_bound(header, qtype, imatrix):
+        return
+    check_space(folder, plan(src, qtype, imatrix=imatrix).file_size)
 
 
 def check_space(folder: Path, needed: int) -> None:
@@ -205,8 +229,8 @@ def check_imatrix(imatrix: Imatrix, header: Header) -> None:
                              f"{imatrix.data[name].size} values, the tensor needs {expected}")
 
 
-def _write(src: Path, dst: Path, plan_: QuantPlan, *, threads: int, imatrix: Imatrix | None,
-           progress: Progress | None) -> None:
+def _write(src: Path, dst: Path, qtype: str, *, threads: int, allow_requantize: bool,
+           imatrix: Imatrix | None, progress: Progress | None, quantized: list[str]) -> None:
     from localinfer.backends import llama_quantize
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
 
@@ -216,18 +240,32 @@ def _write(src: Path, dst: Path, plan_: QuantPlan, *, threads: int, imatrix: Ima
             progress(int(match.group(1)), int(match.group(2)), match.group(3))
 
     call = llama_quantize.QuantizeCall(
-        src, tmp, QUANT_TYPES[plan_.qtype], threads=threads, allow_requantize=True,
-        imatrix=imatrix.data if imatrix else None,
-        kv_overrides=imatrix.kv_overrides(str(imatrix.path)) if imatrix else [])
+        src, tmp, QUANT_TYPES[qtype], threads=threads, allow_requantize=allow_requantize,
+        imatrix=imatrix.data if imatrix else None, kv_overrides=_extra_kv(imatrix))
     try:
         llama_quantize.quantize(call, on_line)
-        if tmp.stat().st_size != plan_.file_size:   # never publish a file we cannot account for
-            raise LocalinferError(f"the quantized file has {tmp.stat().st_size} bytes, "
-                                  f"expected {plan_.file_size}")
         os.replace(tmp, dst)
+    except llama_quantize.QuantizeFailed as e:
+        tmp.unlink(missing_ok=True)
+        refusal = _refusal(e.reason, qtype, quantized)
+        if refusal is None:
+            raise
+        raise refusal from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _refusal(reason: str, qtype: str, quantized: list[str]) -> UsageError | None:
+    """llama.cpp's refusals of a request, in our words: what is wrong and what to do."""
+    if "requires an imatrix" in reason:
+        return UsageError(f"{qtype} needs an importance matrix: pass --imatrix FILE "
+                          "(made by llama.cpp's llama-imatrix on this model)")
+    if "requantizing from type" in reason:
+        return UsageError(f"the source is already quantized ({', '.join(quantized)}); quantizing "
+                          "it again compounds the rounding error. Start from an F16/F32 file, or "
+                          "pass --allow-requantize to do it anyway")
+    return None
 
 
 # -- where from, where to --------------------------------------------------------------------------

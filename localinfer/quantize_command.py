@@ -8,9 +8,12 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from localinfer import console, imatrix as imatrix_mod, memory, quantize, runner
+from localinfer import console, memory, quantize, runner
+
+if TYPE_CHECKING:
+    from localinfer import imatrix as imatrix_mod
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,10 @@ def prepare(model: str, qtype: str, output: Path | None, *, offline: bool) -> Jo
 
 
 def _source(model: str, qtype: str, *, offline: bool) -> tuple[Path, str]:
+    if runner.looks_like_path(model):     # a file: no catalogue to read (a hundredth of a second)
+        path = runner.parse_ref(model, None).path
+        assert path is not None
+        return path, quantize.store_name_for(path)
     _, cat, store = runner.context()
     ref = runner.parse_ref(model, cat)
     if ref.spec is None:
@@ -52,7 +59,10 @@ def _source(model: str, qtype: str, *, offline: bool) -> tuple[Path, str]:
 
 
 def load_imatrix(path: Path | None) -> imatrix_mod.Imatrix | None:
-    return imatrix_mod.load(path.expanduser()) if path else None
+    if path is None:
+        return None
+    from localinfer import imatrix as imatrix_mod
+    return imatrix_mod.load(path.expanduser())
 
 
 def dry_run(job: Job, imatrix: imatrix_mod.Imatrix | None, *, ctx_sizes: tuple[int, ...],
@@ -61,8 +71,7 @@ def dry_run(job: Job, imatrix: imatrix_mod.Imatrix | None, *, ctx_sizes: tuple[i
     if imatrix is not None:
         quantize.check_imatrix(imatrix, quantize.read_header(job.source))
     plan = quantize.plan(job.source, job.qtype, imatrix=imatrix)
-    facts = memory.facts_from_file(job.source)
-    facts = memory.with_quant_size(facts, plan.file_size, _repackable(plan))
+    facts = planned_facts(memory.facts_from_file(job.source), plan)
     needs = {ctx: memory.estimate(facts, memory.Request(ctx)) for ctx in ctx_sizes}
     report = {"source": str(job.source), "type": job.qtype, "output": str(job.output),
               "file_size": plan.file_size, "needs_imatrix": plan.needs_imatrix,
@@ -90,26 +99,28 @@ def describe_estimate(e: memory.Estimate) -> str:
             f"compute {mb(e.compute)} + overhead {mb(e.overhead)} MB)")
 
 
-def _repackable(plan: quantize.QuantPlan) -> int:
+def planned_facts(source: memory.ModelFacts, plan: quantize.QuantPlan) -> memory.ModelFacts:
+    """The memory facts of the file a plan would write (same model, the plan's sizes)."""
     # The plan knows target types but not shapes; count the types the CPU backend repacks.
-    return sum(t.size for t in plan.tensors
-               if t.target_type in memory.REPACKED_X86_AVX2 and not t.name.startswith("token_embd"))
+    repackable = sum(t.size for t in plan.tensors if t.target_type in memory.REPACKED_X86_AVX2
+                     and not t.name.startswith("token_embd"))
+    return memory.with_quant_size(source, plan.file_size, repackable)
 
 
 def run(job: Job, imatrix: imatrix_mod.Imatrix | None, *, threads: int, allow_requantize: bool,
         force: bool) -> None:
-    with _progress() as progress:
-        plan = quantize.quantize_file(job.source, job.output, job.qtype, threads=threads,
+    with progress_bar(console.interactive()) as progress:
+        size = quantize.quantize_file(job.source, job.output, job.qtype, threads=threads,
                                       allow_requantize=allow_requantize, imatrix=imatrix,
                                       progress=progress, force=force, warn=console.warn)
     label = f"{job.name}:{job.qtype}" if job.in_store else str(job.output)
-    console.note(f"{label}: {console.human_size(plan.file_size)} written to {job.output}")
+    console.note(f"{label}: {console.human_size(size)} written to {job.output}")
 
 
 @contextlib.contextmanager
-def _progress() -> Iterator[quantize.Progress | None]:
+def progress_bar(enabled: bool) -> Iterator[quantize.Progress | None]:
     """A bar per tensor on a terminal; nothing on a pipe."""
-    if not console.interactive():
+    if not enabled:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

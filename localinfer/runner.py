@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer import backends, catalogue, fetch, settings, templates
+from localinfer import backends, catalogue, fetch, settings
 from localinfer.backends import LoadOptions, Session
 from localinfer.catalogue import ModelSpec
 from localinfer.errors import ModelLoadError, ModelNotFound, UsageError
@@ -32,7 +32,8 @@ def looks_like_path(ref: str) -> bool:
     return ref.lower().endswith(".gguf") or "/" in ref or ref.startswith(".")
 
 
-def parse_ref(ref: str, cat: catalogue.Catalogue) -> ModelRef:
+def parse_ref(ref: str, cat: catalogue.Catalogue | None) -> ModelRef:
+    """What `ref` names; `cat` may be None when `ref` is a path (see `looks_like_path`)."""
     if not ref.strip():
         raise UsageError("the model name is empty")
     if looks_like_path(ref):
@@ -102,6 +103,7 @@ def uses_chat_template(session: Session, raw: bool) -> bool:
 
 def chat_tokens(session: Session, messages: list[dict[str, str]]) -> list[int]:
     """Render the model's own chat template and tokenize it, special tokens included."""
+    from localinfer import templates    # jinja2: only for chat models, not for every command
     if not session.chat_template:
         raise ModelLoadError("this model has no chat template; use --raw")
     text = templates.render(session.chat_template, messages,

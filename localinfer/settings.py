@@ -18,6 +18,9 @@ class Settings:
     debug: bool                # LOCALINFER_DEBUG: tracebacks on errors
     prompt_cache_cap: str = ""  # LOCALINFER_PROMPT_CACHE_BYTES: byte cap of the prompt cache; 0 = off
     memory_budget: str | None = None   # LOCALINFER_MEMORY_BUDGET: e.g. "6GB", overrides detection
+    # LLAMA_CPP_LIB_PATH: llama-cpp-python's own override of its library folder; the quantizer's
+    # direct binding then leaves the loading to the package.
+    engine_lib_dir: str | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -70,6 +73,7 @@ def load() -> Settings:
         debug=os.environ.get("LOCALINFER_DEBUG", "") not in ("", "0"),
         prompt_cache_cap=os.environ.get("LOCALINFER_PROMPT_CACHE_BYTES", ""),
         memory_budget=os.environ.get("LOCALINFER_MEMORY_BUDGET") or None,
+        engine_lib_dir=os.environ.get("LLAMA_CPP_LIB_PATH") or None,
     )
 
 

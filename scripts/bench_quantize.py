@@ -3,8 +3,11 @@
 
 Builds ``llama-quantize`` from the vendored llama.cpp of the installed llama-cpp-python (cached
 beside llama-bench, see bench_vs_llama_bench.py), then for every model and type runs both tools on
-the same input, alternating them for several rounds so machine noise hits both, and prints a
-markdown table: median wall time of each, the ratio, and whether the outputs are byte-identical.
+the same input, alternating them for several rounds so machine noise hits both (after one untimed
+run of each, which warms the page cache and Python's bytecode cache alike), and prints a markdown
+table: median wall time of each, the ratio, the median extra CPU seconds (user + sys) of
+localinfer, which a loaded machine disturbs far less than wall time, and whether the outputs are
+byte-identical. Run it without PYTHONDONTWRITEBYTECODE, or every run recompiles what changed.
 
     python scripts/bench_quantize.py MODEL.gguf [...] --types Q8_0 Q4_K_M Q4_0 --rounds 3
 """
@@ -16,6 +19,7 @@ import filecmp
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,13 +46,16 @@ def ensure_tool(target: str, jobs: int = 2) -> Path:
     return binary
 
 
-def timed(cmd: list[str], env: dict | None = None) -> float:
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + sys) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise bench.BenchError(f"{cmd[0]} failed: {result.stderr.strip().splitlines()[-1:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def compare(model: Path, qtype: str, tool: Path, rounds: int, threads: int, work: Path) -> dict:
@@ -57,13 +64,18 @@ def compare(model: Path, qtype: str, tool: Path, rounds: int, threads: int, work
     ours_cmd = [sys.executable, "-m", "localinfer", "quantize", str(model), "--type", qtype,
                 "-o", str(ours), "--force", "--allow-requantize", "--threads", str(threads)]
     env = bench.wheel_lib_env()     # both run the very same libllama of the installed wheel
-    times: dict[str, list[float]] = {"llama-quantize": [], "localinfer": []}
+    timed(theirs_cmd, env)          # warm-up, untimed
+    timed(ours_cmd)
+    times: dict[str, list[tuple[float, float]]] = {"llama-quantize": [], "localinfer": []}
     for _ in range(rounds):
         times["llama-quantize"].append(timed(theirs_cmd, env))
         times["localinfer"].append(timed(ours_cmd))
-    theirs_s, ours_s = (statistics.median(times[k]) for k in ("llama-quantize", "localinfer"))
+    tools = ("llama-quantize", "localinfer")
+    theirs_s, ours_s = (statistics.median(wall for wall, _ in times[k]) for k in tools)
+    theirs_cpu, ours_cpu = (statistics.median(cpu for _, cpu in times[k]) for k in tools)
     return {"model": model.name, "type": qtype, "llama_quantize_s": round(theirs_s, 3),
             "localinfer_s": round(ours_s, 3), "ratio": round(ours_s / theirs_s, 3),
+            "extra_cpu_s": round(ours_cpu - theirs_cpu, 3),
             "identical": filecmp.cmp(ref, ours, shallow=False), "size": ours.stat().st_size,
             "samples": times}
 
@@ -86,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| source | type | llama-quantize s | localinfer s | ratio | identical | size |")
-    print("|---|---|---|---|---|---|---|")
+    print("| source | type | llama-quantize s | localinfer s | ratio | extra CPU s | identical | size |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['type']} | {r['llama_quantize_s']:.2f} | {r['localinfer_s']:.2f} "
-              f"| {r['ratio']:.2f}x | {'yes' if r['identical'] else 'NO'} | {r['size']:,} |")
+              f"| {r['ratio']:.2f}x | +{r['extra_cpu_s']:.2f} | {'yes' if r['identical'] else 'NO'} "
+              f"| {r['size']:,} |")
     return 0
 
 

@@ -28,3 +28,28 @@ def test_choice(requested, arch, available, expected):
 def test_refusals(requested, available):
     with pytest.raises(UsageError):
         choose(requested, "llama", available, NO_MLX_ARCH)
+
+
+# `auto` and MLX: the registry lists MLX first, but it is taken only where it is not passed over
+# (off Apple Silicon with Metal, e.g. Linux with MLX's CPU build installed for the tests).
+OFF_METAL = {"mlx": "picked automatically only on Apple Silicon with Metal"}
+
+
+@pytest.mark.parametrize("requested, arch, available, not_here, expected, reason_has", [
+    ("auto", "llama", MAC, {}, "mlx", "preferred"),                       # a Mac with Metal
+    ("auto", "gemma3", MAC, {}, "mlx", "preferred"),
+    ("auto", "phi3", MAC, {}, "llama.cpp", "mlx cannot run phi3"),          # arch MLX lacks
+    ("auto", "llama", MAC, OFF_METAL, "llama.cpp", "Apple Silicon"),      # Linux, mlx[cpu] installed
+    ("auto", None, MAC, OFF_METAL, "llama.cpp", "preferred"),             # `devices`: no model yet
+    ("auto", "llama", {"mlx": False, "llama.cpp": True}, OFF_METAL, "llama.cpp", "preferred"),
+    ("mlx", "llama", MAC, OFF_METAL, "mlx", "--backend"),                 # forced: runs on the CPU
+])
+def test_auto_and_mlx(requested, arch, available, not_here, expected, reason_has):
+    choice = choose(requested, arch, available, NO_MLX_ARCH, not_here)
+    assert choice.backend == expected
+    assert reason_has in choice.reason
+
+
+def test_auto_refuses_when_only_a_passed_over_backend_is_installed():
+    with pytest.raises(UsageError):
+        choose("auto", "llama", {"mlx": True, "llama.cpp": False}, NO_MLX_ARCH, OFF_METAL)

@@ -88,6 +88,24 @@ def test_choose_the_most_precise_variant_that_fits():
         assert (chosen[0].quant if chosen else None) == expected, machine
 
 
-def test_not_fitting_message_says_needed_available_and_what_helps():
-    line = fit.does_not_fit("llama-7b", 5_000_000_000, fit.Budget(3_000_000_000, 0, "available RAM"))
-    assert "5.0 GB" in line and "3.0 GB" in line and "--memory" in line and "quantize" in line
+def test_not_fitting_message_says_needed_available_and_what_makes_it_fit():
+    m = MACHINES["4 GB x86"]
+    budget = fit.budget(m)
+    line = fit.does_not_fit("llama-7b", LLAMA_7B, m, budget, kv_type=None,
+                            smaller_quant="`localinfer quantize`")
+    least = fit.place(LLAMA_7B, m, budget, n_ctx=fit.MIN_CTX)
+    assert not least.fits and f"needs at least {least.needed / 1e9:.1f} GB" in line
+    assert f"{budget.ram / 1e9:.1f} GB is available" in line and "smaller quant" in line
+    needed = line.split("a budget of ")[1].split()[0]          # the budget it names is enough
+    assert fit.place(LLAMA_7B, m, fit.budget(m, fit.parse_size(needed)), n_ctx=4096).fits
+    assert "--kv-type q4_0" not in line          # q4_0 KV alone would not make a 7B fit in 2.7 GB
+
+
+def test_not_fitting_message_offers_q4_0_kv_only_when_it_fits():
+    m = MACHINES["8 GB x86 laptop"]
+    big_kv = replace(LLAMA_7B, kv_dims=(8 * 8192,) * 32)       # a KV cache 32x the usual
+    budget = fit.Budget(5_400_000_000, 0, "test")   # q8_0 at 512 needs 5.65 GB, q4_0 5.11 GB
+    assert not fit.place(big_kv, m, budget, n_ctx=4096).fits
+    assert fit.place(big_kv, m, budget, n_ctx=fit.MIN_CTX, kv_type="q4_0").fits
+    line = fit.does_not_fit("big-kv", big_kv, m, budget, kv_type=None, smaller_quant=None)
+    assert "--kv-type q4_0 --ctx 512" in line and "smaller quant" not in line

@@ -123,3 +123,52 @@ def test_interrupted_quantization_leaves_no_file(gemma_path: Path, tmp_path: Pat
         pytest.skip("quantization finished before the interrupt arrived")
     assert proc.returncode == 130
     assert not out.exists() and not list(out.parent.glob("*"))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M", "IQ4_XS", "Q2_K", "F16"])
+def test_the_disk_space_bound_is_never_below_the_exact_size(smollm_path: Path, gemma_path: Path,
+                                                             qtype: str):
+    # The bound (header only) stands in for the dry run before every write; the dry run's exact
+    # size is what llama.cpp writes (checked above), across both models' row widths and fallbacks.
+    for model in (smollm_path, gemma_path):
+        header = read_header(model)
+        exact = quantize.plan(model, qtype).file_size
+        assert exact <= quantize.size_bound(header, qtype) <= 2.2 * exact, (model.name, qtype)
+
+
+def test_type_table_matches_gguf():
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from localinfer.gguf_header import GGML_TYPES
+    assert GGML_TYPES == {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType
+                          if t.value in GGML_TYPES}
+
+
+def test_direct_binding_matches_the_packages_declarations():
+    # The quantizer binds libllama without importing llama_cpp; its structs must be the package's.
+    import ctypes
+    from llama_cpp import llama_cpp as package
+    from localinfer.backends import llama_quantize as ours
+
+    def layout(struct):
+        fields = [getattr(struct, name) for name, *_ in struct._fields_]
+        return ctypes.sizeof(struct), [(f.offset, f.size) for f in fields], \
+            [name for name, *_ in struct._fields_]
+    assert layout(ours.QuantizeParams) == layout(package.llama_model_quantize_params)
+    assert layout(ours._ImatrixEntry) == layout(package.llama_model_imatrix_data)
+    assert layout(ours._KvOverride) == layout(package.llama_model_kv_override)
+
+
+def test_quantizing_hands_the_log_back(smollm_path: Path):
+    # In one process the llama.cpp backend routes the engine's log; a quantization borrows it.
+    import ctypes
+    from localinfer.backends import llama_cpp, llama_quantize
+    llama_cpp._init(verbose=False)          # the backend's router, as after loading a model
+
+    def current() -> int | None:
+        callback, data = llama_quantize._LogCallback(), ctypes.c_void_p()
+        llama_quantize._engine().log_get(ctypes.byref(callback), ctypes.byref(data))
+        return ctypes.cast(callback, ctypes.c_void_p).value
+
+    before = current()
+    quantize.plan(smollm_path, "Q4_0")
+    assert current() == before

@@ -79,67 +79,24 @@ def _init(verbose: bool) -> _Log:
     return _log
 
 
-class LlamaCppSession:
-    """One llama.cpp model and context holding a single sequence (seq_id 0)."""
+class GGUFVocabulary:
+    """Metadata, tokenizer and detokenizer of a loaded llama.cpp model (`_model`, `_vocab`).
 
-    def __init__(self, path: Path, options: LoadOptions) -> None:
+    Shared by the llama.cpp session and the vocabulary-only load other backends tokenize with, so
+    token ids mean the same on every backend.
+    """
+
+    _model: ctypes.c_void_p
+    _vocab: ctypes.c_void_p
+
+    def _init_vocabulary(self) -> None:
         lib = _lib()
-        read_header(path)   # clear errors for non-GGUF and truncated files before llama.cpp sees them
-        self._path, self._options = path, options
-        log = _init(options.verbose)
-        mparams = lib.llama_model_default_params()
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            reason = log.last_error() or "llama.cpp could not load it"
-            raise ModelLoadError(f"cannot load {path.name}: {reason}")
         self._vocab = lib.llama_model_get_vocab(self._model)
-        self.metadata = self._read_metadata()
-        trained = lib.llama_model_n_ctx_train(self._model)
-        n_ctx = options.n_ctx or min(trained, DEFAULT_MAX_CTX)
-        self._ctx = self._new_context(options, n_ctx)
-        if not self._ctx:
-            lib.llama_model_free(self._model)
-            raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {log.last_error()}")
-        self.n_ctx = lib.llama_n_ctx(self._ctx)
-        self.n_batch = lib.llama_n_batch(self._ctx)
-        self._mem = lib.llama_get_memory(self._ctx)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
-        # Tokens a sliding-window layer attends to; 0 = none. The prompt cache restores such a
-        # model's states only whole, never trimmed (the saved state lacks cells out of the window).
-        self.sliding_window = lib.llama_model_n_swa(self._model)
-        self.n_past = 0
-        self._trim_floor = 0
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
-        self._logits_type = ctypes.c_float * self.n_vocab
-        self._logits_addr = 0
-        self._logits_view = np.empty(0, dtype=np.float32)
+        self.metadata = self._read_metadata()
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self._read_vocab_facts()
-
-    # -- loading ---------------------------------------------------------------------------------
-    def _new_context(self, options: LoadOptions, n_ctx: int):
-        lib = _lib()
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = options.n_batch
-        cparams.n_ubatch = options.n_batch
-        # llama.cpp sizes its compute buffer for n_outputs_max rows of logits per ubatch; with Gemma 3's
-        # 262k vocabulary the default (one row per batch token) reserves 512 MB we never use.
-        cparams.n_outputs_max = MAX_OUTPUTS
-        threads = options.n_threads or default_threads()
-        self.n_threads = threads
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        # Keep every sliding-window layer's cache full size (Gemma 3): only then can KV entries be
-        # trimmed and a saved state be cut short and continued (the prompt cache relies on both).
-        cparams.swa_full = True
-        if options.kv_type != "f16":
-            # A quantized V cache is only read by the flash-attention kernels: turn them on.
-            cparams.type_k = cparams.type_v = _GGML_KV_TYPES[options.kv_type]
-            cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
-        return lib.llama_init_from_model(self._model, cparams)
 
     def _read_metadata(self) -> dict[str, str]:
         lib = _lib()
@@ -164,7 +121,6 @@ class LlamaCppSession:
         self.chat_template = template.decode("utf-8") if template else None
         self.architecture = self.metadata.get("general.architecture", "unknown")
 
-    # -- tokens ----------------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         lib = _lib()
         data = text.encode("utf-8")
@@ -197,6 +153,64 @@ class LlamaCppSession:
 
     def token_text(self, token: int) -> str:
         return _lib().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+
+class LlamaCppSession(GGUFVocabulary):
+    """One llama.cpp model and context holding a single sequence (seq_id 0)."""
+
+    def __init__(self, path: Path, options: LoadOptions) -> None:
+        lib = _lib()
+        read_header(path)   # clear errors for non-GGUF and truncated files before llama.cpp sees them
+        self._path, self._options = path, options
+        log = _init(options.verbose)
+        mparams = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            reason = log.last_error() or "llama.cpp could not load it"
+            raise ModelLoadError(f"cannot load {path.name}: {reason}")
+        self._init_vocabulary()
+        trained = lib.llama_model_n_ctx_train(self._model)
+        n_ctx = options.n_ctx or min(trained, DEFAULT_MAX_CTX)
+        self._ctx = self._new_context(options, n_ctx)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {log.last_error()}")
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = lib.llama_n_batch(self._ctx)
+        self._mem = lib.llama_get_memory(self._ctx)
+        # Tokens a sliding-window layer attends to; 0 = none. The prompt cache restores such a
+        # model's states only whole, never trimmed (the saved state lacks cells out of the window).
+        self.sliding_window = lib.llama_model_n_swa(self._model)
+        self.n_past = 0
+        self._trim_floor = 0
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._logits_type = ctypes.c_float * self.n_vocab
+        self._logits_addr = 0
+        self._logits_view = np.empty(0, dtype=np.float32)
+
+    # -- loading ---------------------------------------------------------------------------------
+    def _new_context(self, options: LoadOptions, n_ctx: int):
+        lib = _lib()
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = options.n_batch
+        # llama.cpp sizes its compute buffer for n_outputs_max rows of logits per ubatch; with Gemma 3's
+        # 262k vocabulary the default (one row per batch token) reserves 512 MB we never use.
+        cparams.n_outputs_max = MAX_OUTPUTS
+        threads = options.n_threads or default_threads()
+        self.n_threads = threads
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        # Keep every sliding-window layer's cache full size (Gemma 3): only then can KV entries be
+        # trimmed and a saved state be cut short and continued (the prompt cache relies on both).
+        cparams.swa_full = True
+        if options.kv_type != "f16":
+            # A quantized V cache is only read by the flash-attention kernels: turn them on.
+            cparams.type_k = cparams.type_v = _GGML_KV_TYPES[options.kv_type]
+            cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
+        return lib.llama_init_from_model(self._model, cparams)
 
     # -- evaluation ------------------------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:

@@ -46,6 +46,19 @@ def gemma_path(models_home: Path) -> Path:
     return models_home / "data/models/gemma-3-270m/gemma-3-270m-Q4_K_M.gguf"
 
 
+@pytest.fixture(scope="module")
+def in_models_home():
+    """In-process code that writes caches (drafters, exactness probe, MLX conversions) uses the test
+    home, not the user's store, for the tests of one module."""
+    old = os.environ.get("LOCALINFER_HOME")
+    os.environ["LOCALINFER_HOME"] = str(MODELS_HOME)
+    yield
+    if old is None:
+        os.environ.pop("LOCALINFER_HOME", None)
+    else:
+        os.environ["LOCALINFER_HOME"] = old
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """An empty LOCALINFER_HOME for tests that write to the store."""

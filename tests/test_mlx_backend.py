@@ -40,15 +40,8 @@ N_FORCED = 512
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _test_home():
-    """Converted weights and drafter caches go to the test home, not the user's store."""
-    old = os.environ.get("LOCALINFER_HOME")
-    os.environ["LOCALINFER_HOME"] = str(MODELS_HOME)
+def _test_home(in_models_home):
     yield
-    if old is None:
-        os.environ.pop("LOCALINFER_HOME", None)
-    else:
-        os.environ["LOCALINFER_HOME"] = old
 
 
 def _load(path: Path, backend: str) -> runner.LoadedModel:

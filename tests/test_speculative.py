@@ -4,7 +4,6 @@ drafter, KV caches consistent after rejections, vocabulary mismatch refused, and
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -37,15 +36,8 @@ G_OPEN = "Once upon a time, in a small village by the mountains,"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _test_home():
-    """In-process drafters (the self draft's store, the exactness cache) use the test home too."""
-    old = os.environ.get("LOCALINFER_HOME")
-    os.environ["LOCALINFER_HOME"] = str(MODELS_HOME)
+def _test_home(in_models_home):
     yield
-    if old is None:
-        os.environ.pop("LOCALINFER_HOME", None)
-    else:
-        os.environ["LOCALINFER_HOME"] = old
 
 
 def _load(path: Path) -> runner.LoadedModel:

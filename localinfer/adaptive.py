@@ -16,6 +16,7 @@ PRIOR_ACCEPTED = 2.0    # an optimistic start (a = 2/3): drafting gets a chance 
 PRIOR_REJECTED = 1.0
 MARGIN = 1.05           # draft only when expected to be at least this much faster than plain
 EXPLORE_EVERY = 24      # while off, try one short draft this often to notice when it would pay
+EXPLORE_MAX = 384       # ... backing off (doubling) each time a try does not turn drafting back on
 EMA = 0.2
 
 
@@ -29,6 +30,7 @@ class Controller:
         self.chunk_s: dict[int, float] = {}            # a verification eval of this many tokens
         self.draft_token_s = 0.0                       # proposing one token
         self.plain_since_draft = 0
+        self.explore_every = EXPLORE_EVERY
 
     # -- measurements ---------------------------------------------------------------------------
     def record_step(self, seconds: float) -> None:
@@ -67,7 +69,12 @@ class Controller:
             rate = self.expected_tokens(k) / self.expected_cost(k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        if best_k == 0 and self.plain_since_draft >= EXPLORE_EVERY:
+        if best_k > 0:
+            self.explore_every = EXPLORE_EVERY
+        elif self.plain_since_draft >= self.explore_every:
+            # Each try costs a verification (and, for a draft model, catching up on every token
+            # since the last one): try ever more rarely while tries keep failing to pay.
+            self.explore_every = min(2 * self.explore_every, EXPLORE_MAX)
             return min(2, limit)
         return best_k
 

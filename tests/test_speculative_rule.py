@@ -151,3 +151,18 @@ def test_controller_explores_again_after_a_while_off():
         control.record_step(0.010)
     assert control.draft_length(6) > 0
     assert control.draft_length(0) == 0
+
+
+def test_controller_explores_ever_more_rarely_while_tries_fail():
+    control = _controller([(6, 0)] * 10, draft_s=0.0)
+    gaps, since = [], 0
+    for _ in range(400):
+        since += 1
+        if control.draft_length(6) > 0:
+            gaps.append(since)
+            since = 0
+            control.record_round(2, 0, 0.0)     # the try is rejected
+        else:
+            control.record_step(0.010)
+    assert gaps[:3] == [25, 49, 97]
+    assert all(later >= earlier for earlier, later in zip(gaps, gaps[1:]))

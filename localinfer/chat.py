@@ -100,7 +100,7 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
     sys.stdout.write("\n")
     prompt_cache.persist(cache, notify=console.note if verbose else None)
     if verbose:
-        from localinfer.cli import format_stats
+        from localinfer.shell_io import format_stats
         console.note(format_stats(generation.stats, loaded))
         if cache.store is not None:
             console.note(prompt_cache.describe(cache.last_event))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from localinfer import console, runner
+from localinfer import console, runner, shell_io
 from localinfer.backends import BACKEND_CHOICES, LoadOptions
 from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError,
                                UsageError)
@@ -19,7 +19,7 @@ from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, Local
 # decode loop, the prompt cache and their numpy at start-up.
 if TYPE_CHECKING:
     from localinfer import prompt_cache
-    from localinfer.decode import Generation, Limits
+    from localinfer.decode import Limits
     from localinfer.sampling import SamplingParams
 
 # typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's,
@@ -148,11 +148,11 @@ def run(
                        options=options)
         chat_mod.repl(loaded, sampler, system=system, limits=Limits(max_tokens, tuple(stop)))
         return
-    text = combine_input(read_stdin(), prompt)
+    text = shell_io.combine_input(shell_io.read_stdin(), prompt)
     loaded = _open(model, backend=backend, offline=offline, options=options)
     session = loaded.session
     if runner.uses_chat_template(session, raw):
-        tokens = runner.chat_tokens(session, _messages(text, system))
+        tokens = runner.chat_tokens(session, shell_io.messages(text, system))
     else:
         if system and not raw:
             console.warn("this model has no chat template; --system is ignored")
@@ -162,7 +162,7 @@ def run(
                              options=options,
                              store=prompt_cache.open_for(session, enabled=not no_cache))
     generation.stats.load_s = loaded.load_s
-    _emit(generation, loaded, as_json=as_json, verbose=verbose)
+    shell_io.emit(generation, loaded, as_json=as_json, verbose=verbose)
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
 
 
@@ -176,75 +176,6 @@ def _generation(loaded: runner.LoadedModel, tokens: list[int], params: SamplingP
         draft, loaded, options=options, offline=offline, notify=console.note)
     return drafting.generation(loaded, KVCache(loaded.session, store), tokens, params, limits, drafter,
                                max_draft=draft_max)
-
-
-def _messages(text: str, system: str | None) -> list[dict[str, str]]:
-    from localinfer.templates import messages_for
-    return messages_for(text, system)
-
-
-def read_stdin() -> str | None:
-    """Piped input, or None when stdin is a terminal or absent."""
-    stream = sys.stdin
-    if stream is None or console.interactive(stream):
-        return None
-    try:
-        return stream.read()
-    except (OSError, ValueError):
-        return None
-
-
-def combine_input(stdin_text: str | None, prompt: str | None) -> str:
-    """`{stdin}\\n\\n{prompt}`, either part optional; prompt '-' means stdin alone."""
-    if prompt == "-":
-        prompt = None
-    parts = [p for p in ((stdin_text or "").rstrip("\n"), prompt or "") if p.strip()]
-    if not parts:
-        raise UsageError("the prompt is empty; pass PROMPT or pipe text on stdin")
-    return "\n\n".join(parts)
-
-
-def _emit(generation: Generation, loaded: runner.LoadedModel, *, as_json: bool, verbose: bool) -> None:
-    pieces: list[str] = []
-    try:
-        for piece in generation:
-            pieces.append(piece)
-            if not as_json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-    except KeyboardInterrupt:
-        generation.stats.finish_reason = "interrupted"
-        _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
-        raise
-    _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
-
-
-def _finish(generation: Generation, loaded: runner.LoadedModel, pieces: list[str], *,
-            as_json: bool, verbose: bool) -> None:
-    stats = generation.stats
-    if as_json:
-        record = {"model": loaded.ref.display, "backend": loaded.backend, "text": "".join(pieces),
-                  **stats.as_dict()}
-        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
-    elif not "".join(pieces[-1:]).endswith("\n"):
-        sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it
-    sys.stdout.flush()
-    if verbose:
-        from localinfer import prompt_cache
-        console.note(format_stats(stats, loaded))
-        if generation.cache.store is not None:
-            console.note(prompt_cache.describe(generation.cache.last_event))
-        if hasattr(stats, "drafted"):
-            from localinfer.drafting import describe
-            console.note(describe(stats))
-
-
-def format_stats(stats, loaded: runner.LoadedModel) -> str:
-    cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
-    return (f"{loaded.ref.display} on {loaded.backend} · load {stats.load_s:.2f} s · "
-            f"prompt {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
-            f"prefill {stats.prefill_tps:.1f} t/s · decode {stats.decode_tps:.1f} t/s · "
-            f"{stats.generated_tokens} tokens ({stats.finish_reason})")
 
 
 # -- chat -----------------------------------------------------------------------------------------

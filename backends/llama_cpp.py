@@ -17,6 +17,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from localinfer.backends import Backend, LoadOptions
+from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.gguf_header import read_header
 
@@ -175,6 +176,7 @@ class LlamaCppSession(GGUFVocabulary):
         if not self._ctx:
             lib.llama_model_free(self._model)
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {log.last_error()}")
+        self.threadpool = attach_shared_pool(self._ctx, self.n_threads)   # address, or None
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.n_batch = lib.llama_n_batch(self._ctx)
         self._mem = lib.llama_get_memory(self._ctx)

@@ -199,3 +199,9 @@ def test_verbose_reports_drafted_and_accepted(models_home):
     assert result.returncode == 0, result.stderr
     line = [l for l in result.stderr.splitlines() if "speculation:" in l][0]
     assert "drafted" in line and "accepted" in line and "vs plain" in line
+
+
+def test_target_and_draft_decode_on_one_persistent_thread_pool(smollm, smollm_self):
+    # Without a pool attached llama.cpp starts and joins worker threads on every decode call.
+    pool = smollm.session.threadpool
+    assert pool and smollm_self.session.threadpool == pool

@@ -1,0 +1,82 @@
+"""One long-lived ggml CPU thread pool per thread count, attached to every llama.cpp context.
+
+A context with no pool attached makes ggml start and join fresh worker threads on every
+`llama_decode` call — once per generated token. llama-bench and llama.cpp's own tools attach a
+persistent pool whose workers poll briefly for the next graph instead; so do we, or decoding pays
+thread start-up per token that llama.cpp's tools do not (measured ~1-2% of a SmolLM2 token here).
+
+llama-cpp-python binds neither the pool functions nor `llama_attach_threadpool`, so they are bound
+here: the pool constructor through ggml's backend registry (as llama-bench does, so it is found
+whether the CPU backend is linked in or loaded as a module), the rest on the libraries the package
+itself loaded. The pools live as long as the process; contexts of one process (a target and its
+draft model) share one, which is safe because they never decode at the same time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+_MAX_THREADS = 512                  # GGML_MAX_N_THREADS: the length of the cpumask array
+_DEVICE_TYPE_CPU = 0                # GGML_BACKEND_DEVICE_TYPE_CPU
+
+
+class ThreadpoolParams(ctypes.Structure):
+    """struct ggml_threadpool_params (ggml.h)."""
+
+    _fields_ = [
+        ("cpumask", ctypes.c_bool * _MAX_THREADS),
+        ("n_threads", ctypes.c_int),
+        ("prio", ctypes.c_int),        # enum ggml_sched_priority
+        ("poll", ctypes.c_uint32),     # 0: workers sleep at once, 100: they spin hardest
+        ("strict_cpu", ctypes.c_bool),
+        ("paused", ctypes.c_bool),
+    ]
+
+
+class _PoolApi:
+    def __init__(self) -> None:
+        from llama_cpp import _ggml, llama_cpp
+        ggml, llama = _ggml.libggml, llama_cpp._lib
+
+        def bind(lib, name, restype, *argtypes):
+            return ctypes.CFUNCTYPE(restype, *argtypes)((name, lib))
+        self.params_default = bind(ggml, "ggml_threadpool_params_default", ThreadpoolParams,
+                                   ctypes.c_int)
+        self.attach = bind(llama, "llama_attach_threadpool", None,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        device = bind(ggml, "ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)(
+            _DEVICE_TYPE_CPU)
+        registry = bind(ggml, "ggml_backend_dev_backend_reg", ctypes.c_void_p, ctypes.c_void_p)(
+            device)
+        address = bind(ggml, "ggml_backend_reg_get_proc_address", ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_char_p)(registry, b"ggml_threadpool_new")
+        if not address:
+            raise OSError("this llama.cpp build's CPU backend has no ggml_threadpool_new")
+        self.new = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(ThreadpoolParams))(address)
+
+
+@functools.lru_cache(maxsize=1)
+def _api() -> _PoolApi | None:
+    try:
+        return _PoolApi()
+    except (AttributeError, OSError, ImportError):
+        return None    # an engine build without these: llama.cpp falls back to per-call threads
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(n_threads: int) -> int | None:
+    api = _api()
+    if api is None:
+        return None
+    params = api.params_default(n_threads)     # llama-bench's defaults: normal priority, poll 50
+    return api.new(ctypes.byref(params)) or None
+
+
+def attach_shared_pool(ctx, n_threads: int) -> int | None:
+    """Attach this process's pool of `n_threads` workers to a llama_context and return its address;
+    None where the engine offers no pool (llama.cpp then starts threads per call)."""
+    pool = _pool(n_threads)
+    if pool is not None:
+        _api().attach(ctypes.cast(ctx, ctypes.c_void_p), pool, None)   # NULL: same pool for batches
+    return pool

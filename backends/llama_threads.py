@@ -2,8 +2,9 @@
 
 A context with no pool attached makes ggml start and join fresh worker threads on every
 `llama_decode` call — once per generated token. llama-bench and llama.cpp's own tools attach a
-persistent pool whose workers poll briefly for the next graph instead; so do we, or decoding pays
-thread start-up per token that llama.cpp's tools do not (measured ~1-2% of a SmolLM2 token here).
+persistent pool whose workers poll briefly for the next graph instead; so do we, so that decoding
+does not pay thread start-up per token where llama.cpp's tools do not. With 2 threads (one worker)
+the difference is within this build machine's noise; it grows with the number of threads.
 
 llama-cpp-python binds neither the pool functions nor `llama_attach_threadpool`, so they are bound
 here: the pool constructor through ggml's backend registry (as llama-bench does, so it is found

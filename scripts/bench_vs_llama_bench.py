@@ -264,32 +264,39 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
                 env: dict | None = None) -> list[dict]:
     """Run both benchmarks on one model, alternating for several rounds; one row per test.
 
-    Alternating the two tools spreads the load of a shared, noisy machine over both sides; the
-    medians are taken over every sample of every round.
+    Alternating the two tools spreads the load of a shared, noisy machine over both sides. Two
+    ratios come out: of the medians over every sample of every round, and the median over rounds
+    of each round's ratio (llama-bench then localinfer, a minute apart), which a machine whose
+    speed drifts between rounds disturbs less.
     """
-    theirs: dict[str, list[float]] = {}
-    ours: dict[str, list[float]] = {}
+    theirs: dict[str, list[list[float]]] = {}
+    ours: dict[str, list[list[float]]] = {}
     for _ in range(rounds):
         for test, samples in parse_llama_bench(run_json([
             str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
             "-t", str(threads), "-r", str(reps), "-o", "json",
         ], f"llama-bench on {model.name}", env)).items():
-            theirs.setdefault(test, []).extend(samples)
+            theirs.setdefault(test, []).append(samples)
         for test, samples in parse_localinfer(run_json([
             sys.executable, "-m", "localinfer", "bench", str(model),
             "--threads", str(threads), "--repetitions", str(reps), "--json",
         ], f"localinfer bench on {model.name}")).items():
-            ours.setdefault(test, []).extend(samples)
+            ours.setdefault(test, []).append(samples)
     rows = []
     for test in (test_name(N_PROMPT, 0), test_name(0, N_GEN)):
         if test not in theirs or test not in ours:
             raise BenchError(f"{test} missing from the results for {model.name}")
-        their_tps, our_tps = statistics.median(theirs[test]), statistics.median(ours[test])
+        their_all = [v for samples in theirs[test] for v in samples]
+        our_all = [v for samples in ours[test] for v in samples]
+        their_tps, our_tps = statistics.median(their_all), statistics.median(our_all)
+        per_round = [statistics.median(o) / statistics.median(t)
+                     for t, o in zip(theirs[test], ours[test])]
         rows.append({
             "model": model.name, "path": str(model), "test": test,
             "llama_bench_tps": their_tps, "llama_bench_stat": "median",
             "localinfer_tps": our_tps, "ratio": our_tps / their_tps if their_tps else None,
-            "samples": {"llama_bench": theirs[test], "localinfer": ours[test]},
+            "paired_ratio": statistics.median(per_round), "round_ratios": per_round,
+            "samples": {"llama_bench": their_all, "localinfer": our_all},
         })
     return rows
 
@@ -319,14 +326,16 @@ def format_table(machine: dict, rows: list[dict]) -> str:
         f"llama-bench libraries: {machine['engine_libs']}, "
         f"llama-cpp-python {machine['llama_cpp_python']}",
         "",
-        f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio |",
-        "|---|---|---:|---:|---:|",
+        f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio "
+        "| ratio, median of rounds (each round's) |",
+        "|---|---|---:|---:|---:|---|",
     ]
     for row in rows:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
         lines.append(
             f"| {row['model']} | {row['test']} | {row['llama_bench_tps']:.2f} "
-            f"| {row['localinfer_tps']:.2f} | {ratio} |"
+            f"| {row['localinfer_tps']:.2f} | {ratio} | {row['paired_ratio']:.3f} "
+            f"({', '.join(f'{r:.3f}' for r in row['round_ratios'])}) |"
         )
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ Builds ``llama-quantize`` from the vendored llama.cpp of the installed llama-cpp
 beside llama-bench, see bench_vs_llama_bench.py), then for every model and type runs both tools on
 the same input, alternating them for several rounds so machine noise hits both (after one untimed
 run of each, which warms the page cache and Python's bytecode cache alike), and prints a markdown
-table: median wall time of each, the ratio, the median extra CPU seconds (user + sys) of
+table: median and best wall time of each, their ratios, the median extra CPU seconds (user + sys) of
 localinfer, which a loaded machine disturbs far less than wall time, and whether the outputs are
 byte-identical. Run it without PYTHONDONTWRITEBYTECODE, or every run recompiles what changed.
 
@@ -46,8 +46,16 @@ def ensure_tool(target: str, jobs: int = 2) -> Path:
     return binary
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + sys) of one run."""
+def timed(cmd: list[str], env: dict | None = None, output: Path | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + sys) of one run.
+
+    The previous output is deleted and the disk synced first (untimed), so that every run writes a
+    new file on a clean page cache: otherwise the write-back of the last run's 250 MB, and the
+    freeing of the file it replaces, land on whichever tool runs next.
+    """
+    if output is not None:
+        output.unlink(missing_ok=True)
+    os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -64,17 +72,20 @@ def compare(model: Path, qtype: str, tool: Path, rounds: int, threads: int, work
     ours_cmd = [sys.executable, "-m", "localinfer", "quantize", str(model), "--type", qtype,
                 "-o", str(ours), "--force", "--allow-requantize", "--threads", str(threads)]
     env = bench.wheel_lib_env()     # both run the very same libllama of the installed wheel
-    timed(theirs_cmd, env)          # warm-up, untimed
-    timed(ours_cmd)
+    timed(theirs_cmd, env, ref)     # warm-up, untimed
+    timed(ours_cmd, None, ours)
     times: dict[str, list[tuple[float, float]]] = {"llama-quantize": [], "localinfer": []}
     for _ in range(rounds):
-        times["llama-quantize"].append(timed(theirs_cmd, env))
-        times["localinfer"].append(timed(ours_cmd))
+        times["llama-quantize"].append(timed(theirs_cmd, env, ref))
+        times["localinfer"].append(timed(ours_cmd, None, ours))
     tools = ("llama-quantize", "localinfer")
     theirs_s, ours_s = (statistics.median(wall for wall, _ in times[k]) for k in tools)
+    theirs_best, ours_best = (min(wall for wall, _ in times[k]) for k in tools)
     theirs_cpu, ours_cpu = (statistics.median(cpu for _, cpu in times[k]) for k in tools)
     return {"model": model.name, "type": qtype, "llama_quantize_s": round(theirs_s, 3),
             "localinfer_s": round(ours_s, 3), "ratio": round(ours_s / theirs_s, 3),
+            "llama_quantize_best_s": round(theirs_best, 3), "localinfer_best_s": round(ours_best, 3),
+            "ratio_of_bests": round(ours_best / theirs_best, 3),
             "extra_cpu_s": round(ours_cpu - theirs_cpu, 3),
             "identical": filecmp.cmp(ref, ours, shallow=False), "size": ours.stat().st_size,
             "samples": times}
@@ -98,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| source | type | llama-quantize s | localinfer s | ratio | extra CPU s | identical | size |")
+    print("| source | type | llama-quantize s (median / best) | localinfer s (median / best) "
+          "| ratio of medians / of bests | extra CPU s | identical | size |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['type']} | {r['llama_quantize_s']:.2f} | {r['localinfer_s']:.2f} "
-              f"| {r['ratio']:.2f}x | +{r['extra_cpu_s']:.2f} | {'yes' if r['identical'] else 'NO'} "
-              f"| {r['size']:,} |")
+        print(f"| {r['model']} | {r['type']} "
+              f"| {r['llama_quantize_s']:.2f} / {r['llama_quantize_best_s']:.2f} "
+              f"| {r['localinfer_s']:.2f} / {r['localinfer_best_s']:.2f} "
+              f"| {r['ratio']:.2f}x / {r['ratio_of_bests']:.2f}x | {r['extra_cpu_s']:+.2f} "
+              f"| {'yes' if r['identical'] else 'NO'} | {r['size']:,} |")
     return 0
 
 

@@ -24,10 +24,11 @@ from pathlib import Path
 from localinfer.gguf_header import ArrayInfo, Header, read_header
 
 MIB = 1 << 20
-# Measured on the build machine (x86-64, Python 3.12, llama-cpp-python 0.3.36): peak RSS of a
-# `localinfer run` minus every buffer llama.cpp reports is this constant plus this much per token
-# of vocabulary (llama.cpp's token tables and the tokenizer's maps).
-RUNTIME_BASE = 72 * MIB
+# Measured on the build machine (x86-64, Python 3.11, llama-cpp-python 0.3.36, typer 0.28): peak
+# RSS of a `localinfer run` minus every buffer llama.cpp reports is this constant plus this much per
+# token of vocabulary (llama.cpp's token tables and the tokenizer's maps). typer 0.29 would add
+# ~15 MB (it imports pydantic).
+RUNTIME_BASE = 57 * MIB
 RUNTIME_PER_VOCAB_TOKEN = 120
 KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}
 KV_PAD = 256                  # llama.cpp rounds the number of KV cells up to this

@@ -8,8 +8,8 @@ the difference is within this build machine's noise; it grows with the number of
 
 llama-cpp-python binds neither the pool functions nor `llama_attach_threadpool`, so they are bound
 here: the pool constructor through ggml's backend registry (as llama-bench does, so it is found
-whether the CPU backend is linked in or loaded as a module), the rest on the libraries the package
-itself loaded. The pools live as long as the process; contexts of one process (a target and its
+whether the CPU backend is linked in or loaded as a module), the rest on the libllama the package
+loaded and the libggml beside it. The pools live as long as the process; contexts of one process (a target and its
 draft model) share one, which is safe because they never decode at the same time.
 """
 
@@ -37,8 +37,11 @@ class ThreadpoolParams(ctypes.Structure):
 
 class _PoolApi:
     def __init__(self) -> None:
-        from llama_cpp import _ggml, llama_cpp
-        ggml, llama = _ggml.libggml, llama_cpp._lib
+        from llama_cpp import _ctypes_extensions, llama_cpp
+        llama = llama_cpp._lib
+        # The libggml beside the libllama actually loaded (LLAMA_CPP_LIB_PATH may point to another
+        # build than the package's own): a pool from one ggml build must not go to another's context.
+        ggml = _ctypes_extensions.load_shared_library("ggml", llama_cpp._base_path)
 
         def bind(lib, name, restype, *argtypes):
             return ctypes.CFUNCTYPE(restype, *argtypes)((name, lib))
@@ -48,6 +51,8 @@ class _PoolApi:
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
         device = bind(ggml, "ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)(
             _DEVICE_TYPE_CPU)
+        if not device:
+            raise OSError("this llama.cpp build has no CPU backend device")
         registry = bind(ggml, "ggml_backend_dev_backend_reg", ctypes.c_void_p, ctypes.c_void_p)(
             device)
         address = bind(ggml, "ggml_backend_reg_get_proc_address", ctypes.c_void_p,
@@ -61,7 +66,7 @@ class _PoolApi:
 def _api() -> _PoolApi | None:
     try:
         return _PoolApi()
-    except (AttributeError, OSError, ImportError):
+    except (AttributeError, OSError, ImportError, RuntimeError):
         return None    # an engine build without these: llama.cpp falls back to per-call threads
 
 

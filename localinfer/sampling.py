@@ -55,7 +55,7 @@ def make_sampler(params: SamplingParams) -> Sampler:
             logits = apply_repeat_penalty(logits, history[-params.repeat_last_n:],
                                           params.repeat_penalty)
         if params.temperature == 0:
-            return int(np.argmax(logits))
+            return int(logits.argmax())     # the method skips np.argmax's Python wrapper
         ids, probs = candidate_probs(logits, params)
         return int(ids[_draw(probs, rng)])
 

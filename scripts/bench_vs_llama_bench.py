@@ -266,22 +266,31 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
 
     Alternating the two tools spreads the load of a shared, noisy machine over both sides. Two
     ratios come out: of the medians over every sample of every round, and the median over rounds
-    of each round's ratio (llama-bench then localinfer, a minute apart), which a machine whose
-    speed drifts between rounds disturbs less.
+    of each round's ratio (the two tools run back to back), which a machine whose
+    speed drifts between rounds disturbs less. The tool that goes first alternates by round.
     """
     theirs: dict[str, list[list[float]]] = {}
     ours: dict[str, list[list[float]]] = {}
-    for _ in range(rounds):
-        for test, samples in parse_llama_bench(run_json([
-            str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
-            "-t", str(threads), "-r", str(reps), "-o", "json",
-        ], f"llama-bench on {model.name}", env)).items():
+    llama_bench_cmd = [str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
+                       "-t", str(threads), "-r", str(reps), "-o", "json"]
+    localinfer_cmd = [sys.executable, "-m", "localinfer", "bench", str(model),
+                      "--threads", str(threads), "--repetitions", str(reps), "--json"]
+
+    def run_theirs() -> None:
+        data = run_json(llama_bench_cmd, f"llama-bench on {model.name}", env)
+        for test, samples in parse_llama_bench(data).items():
             theirs.setdefault(test, []).append(samples)
-        for test, samples in parse_localinfer(run_json([
-            sys.executable, "-m", "localinfer", "bench", str(model),
-            "--threads", str(threads), "--repetitions", str(reps), "--json",
-        ], f"localinfer bench on {model.name}")).items():
+
+    def run_ours() -> None:
+        data = run_json(localinfer_cmd, f"localinfer bench on {model.name}")
+        for test, samples in parse_localinfer(data).items():
             ours.setdefault(test, []).append(samples)
+
+    for round_no in range(rounds):
+        # Swap which tool goes first every round, so a machine that speeds up or slows down
+        # within a round favours neither side.
+        for step in (run_theirs, run_ours) if round_no % 2 == 0 else (run_ours, run_theirs):
+            step()
     rows = []
     for test in (test_name(N_PROMPT, 0), test_name(0, N_GEN)):
         if test not in theirs or test not in ours:
@@ -315,6 +324,14 @@ def machine_info(threads: int, reps: int, rounds: int, version: str, engine_libs
     }
 
 
+def _quartiles(values: list[float]) -> str:
+    """First and third quartile as "q1–q3" (the single value when there is one)."""
+    if len(values) < 2:
+        return f"{values[0]:.3f}"
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"{q1:.3f}–{q3:.3f}"
+
+
 def format_table(machine: dict, rows: list[dict]) -> str:
     """Render the machine line and a markdown table of the rows."""
     stats = {row["llama_bench_stat"] for row in rows}
@@ -327,7 +344,7 @@ def format_table(machine: dict, rows: list[dict]) -> str:
         f"llama-cpp-python {machine['llama_cpp_python']}",
         "",
         f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio "
-        "| ratio, median of rounds (each round's) |",
+        "| ratio, median of rounds (quartiles, rounds) |",
         "|---|---|---:|---:|---:|---|",
     ]
     for row in rows:
@@ -335,7 +352,7 @@ def format_table(machine: dict, rows: list[dict]) -> str:
         lines.append(
             f"| {row['model']} | {row['test']} | {row['llama_bench_tps']:.2f} "
             f"| {row['localinfer_tps']:.2f} | {ratio} | {row['paired_ratio']:.3f} "
-            f"({', '.join(f'{r:.3f}' for r in row['round_ratios'])}) |"
+            f"({_quartiles(row['round_ratios'])}, {len(row['round_ratios'])}) |"
         )
     return "\n".join(lines)
 

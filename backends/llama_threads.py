@@ -1,10 +1,12 @@
 """One long-lived ggml CPU thread pool per thread count, attached to every llama.cpp context.
 
-A context with no pool attached makes ggml start and join fresh worker threads on every
-`llama_decode` call — once per generated token. llama-bench and llama.cpp's own tools attach a
-persistent pool whose workers poll briefly for the next graph instead; so do we, so that decoding
-does not pay thread start-up per token where llama.cpp's tools do not. With 2 threads (one worker)
-the difference is within this build machine's noise; it grows with the number of threads.
+Where ggml is built without OpenMP (macOS's clang has none, for one), a context with no pool
+attached makes ggml start and join fresh worker threads on every `llama_decode` call — once per
+generated token. llama-bench and llama.cpp's own tools attach a persistent pool whose workers poll
+briefly for the next graph instead; so do we. Where ggml uses OpenMP (llama-cpp-python built from
+source on Linux links libgomp), OpenMP keeps its own team of threads alive between calls and the
+pool only carries ggml's settings, so attaching it changes nothing measurable there (2 threads on
+the build machine: within the noise).
 
 llama-cpp-python binds neither the pool functions nor `llama_attach_threadpool`, so they are bound
 here: the pool constructor through ggml's backend registry (as llama-bench does, so it is found

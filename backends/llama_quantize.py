@@ -192,7 +192,8 @@ def _share_the_main_malloc_arena() -> None:
     tensor: measured 0.3-0.8 s more system time than llama-quantize on a 2 s Gemma 3 270M run, all
     of it gone with one arena. The setting holds for the rest of the process (a `run` that
     quantizes to fit decodes afterwards with it too); ggml's compute threads do not allocate while
-    they work, so decoding should not feel it (not measured). Only glibc has mallopt; elsewhere this does nothing.
+    they work, so decoding should not feel it (not measured). Only glibc has mallopt; elsewhere
+    this does nothing.
     """
     if not sys.platform.startswith("linux"):
         return

@@ -11,8 +11,8 @@ the build machine: within the noise).
 llama-cpp-python binds neither the pool functions nor `llama_attach_threadpool`, so they are bound
 here: the pool constructor through ggml's backend registry (as llama-bench does, so it is found
 whether the CPU backend is linked in or loaded as a module), the rest on the libllama the package
-loaded and the libggml beside it. The pools live as long as the process; contexts of one process (a target and its
-draft model) share one, which is safe because they never decode at the same time.
+loaded and the libggml beside it. The pools live as long as the process; contexts of one process
+(a target and its draft model) share one, which is safe because they never decode at the same time.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _pool(n_threads: int) -> int | None:
 
 def attach_shared_pool(ctx, n_threads: int) -> int | None:
     """Attach this process's pool of `n_threads` workers to a llama_context and return its address;
-    None where the engine offers no pool (llama.cpp then starts threads per call)."""
+    None where the engine offers no pool (llama.cpp then makes its threads per call, or OpenMP's)."""
     pool = _pool(n_threads)
     if pool is not None:
         _api().attach(ctypes.cast(ctx, ctypes.c_void_p), pool, None)   # NULL: same pool for batches

@@ -202,6 +202,7 @@ def test_verbose_reports_drafted_and_accepted(models_home):
 
 
 def test_target_and_draft_decode_on_one_persistent_thread_pool(smollm, smollm_self):
-    # Without a pool attached llama.cpp starts and joins worker threads on every decode call.
+    # Without a pool attached, a ggml built without OpenMP starts and joins worker threads on every
+    # decode call.
     pool = smollm.session.threadpool
     assert pool and smollm_self.session.threadpool == pool

@@ -83,7 +83,7 @@ def _pool(n_threads: int) -> int | None:
 
 def attach_shared_pool(ctx, n_threads: int) -> int | None:
     """Attach this process's pool of `n_threads` workers to a llama_context and return its address;
-    None where the engine offers no pool (llama.cpp then makes its threads per call, or OpenMP's)."""
+    None where the engine offers no pool (ggml then makes threads per call, or OpenMP does)."""
     pool = _pool(n_threads)
     if pool is not None:
         _api().attach(ctypes.cast(ctx, ctypes.c_void_p), pool, None)   # NULL: same pool for batches

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from localinfer import catalogue_check
 from localinfer.errors import LocalinferError, ModelNotFound, UsageError
 
 
@@ -40,6 +41,7 @@ class PipSource:
 
 
 Source = HubSource | PipSource
+BUILT_IN = "the built-in catalogue"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Variant:
     size: int | None
     sha256: str | None
     sources: tuple[Source, ...]
+    defined_in: str = BUILT_IN   # the file whose size and sha256 these are, for messages
 
 
 @dataclass(frozen=True)
@@ -103,19 +106,29 @@ class Catalogue:
 
 def load(user_file: Path | None = None) -> Catalogue:
     data = tomllib.loads(resources.files("localinfer").joinpath("models.toml").read_text("utf-8"))
+    catalogue_check.check(data, BUILT_IN)
+    user: dict = {}
     if user_file is not None and user_file.is_file():
         try:
             user = tomllib.loads(user_file.read_text("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise LocalinferError(f"{user_file} is not valid TOML: {e}") from e
+        catalogue_check.check(user, str(user_file))
         data = _merge(data, user)
     models = {}
     for name, table in data.get("models", {}).items():
         try:
-            models[name] = _parse_model(name, table)
+            models[name] = _parse_model(name, table, _facts_from(user, name, user_file))
         except (KeyError, TypeError, ValueError) as e:
             raise LocalinferError(f"catalogue entry '{name}' is malformed: {e!r}") from e
     return Catalogue(models)
+
+
+def _facts_from(user: dict, name: str, user_file: Path | None) -> dict[str, str]:
+    """For each quant of a model, the file its size and sha256 come from."""
+    quants = user.get("models", {}).get(name, {}).get("quants", {})
+    return {normalise_quant(q): str(user_file) for q, t in quants.items()
+            if "size" in t or "sha256" in t}
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -128,8 +141,9 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def _parse_model(name: str, t: dict) -> ModelSpec:
-    variants = {normalise_quant(q): _parse_variant(normalise_quant(q), v)
+def _parse_model(name: str, t: dict, facts_from: dict[str, str]) -> ModelSpec:
+    variants = {normalise_quant(q): _parse_variant(normalise_quant(q), v,
+                                                   facts_from.get(normalise_quant(q), BUILT_IN))
                 for q, v in t.get("quants", {}).items()}
     if not variants:
         raise ValueError("no quants")
@@ -149,9 +163,10 @@ def _parse_model(name: str, t: dict) -> ModelSpec:
     )
 
 
-def _parse_variant(quant: str, t: dict) -> Variant:
+def _parse_variant(quant: str, t: dict, defined_in: str) -> Variant:
     return Variant(quant=quant, size=t.get("size"), sha256=t.get("sha256"),
-                   sources=tuple(_parse_source(s) for s in t.get("sources", [])))
+                   sources=tuple(_parse_source(s) for s in t.get("sources", [])),
+                   defined_in=defined_in)
 
 
 def _parse_source(s: dict) -> Source:

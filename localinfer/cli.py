@@ -246,10 +246,12 @@ def list_models(
 @app.command()
 def rm(model: str = typer.Argument(..., help="NAME (every quant) or NAME:QUANT.")) -> None:
     """Delete a model from the store."""
+    from localinfer import store_sweep
     _, cat, store = runner.context()
     name, _, quant = model.partition(":")
     spec = cat.get(name)
     stored_name = spec.name if spec else name
+    store_sweep.sweep(store)        # temporary files that killed writers left go too
     removed = store.remove(stored_name, quant.upper() or None)
     if not removed:
         raise UsageError(f"{model} is not on disk (`localinfer list` shows what is)")

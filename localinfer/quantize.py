@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.gguf_header import BLOCK_SIZES, Header, read_header
+from localinfer.store import temp_path, to_safe_name
 
 if TYPE_CHECKING:       # the imatrix module needs numpy; a quantization without one does not
     from localinfer.imatrix import Imatrix
@@ -232,7 +233,7 @@ def check_imatrix(imatrix: Imatrix, header: Header) -> None:
 def _write(src: Path, dst: Path, qtype: str, *, threads: int, allow_requantize: bool,
            imatrix: Imatrix | None, progress: Progress | None, quantized: list[str]) -> None:
     from localinfer.backends import llama_quantize
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
+    tmp = temp_path(dst)       # a leftover of a killed run is swept by store_sweep
 
     def on_line(line: str) -> None:
         match = _TENSOR_LINE.match(line.strip())
@@ -276,8 +277,13 @@ _QUANT_SUFFIX = re.compile(r"[.\-_](" + "|".join(sorted(QUANT_TYPES, key=len, re
 
 
 def store_name_for(path: Path) -> str:
-    """The store name for a model given as a file: its stem without a quant suffix, lower case."""
-    return _QUANT_SUFFIX.sub("", path.stem).lower() or path.stem.lower()
+    """The store name for a model given as a file: its stem without a quant suffix, lower case,
+    other characters than the safe-name rule allows turned into '-'."""
+    name = to_safe_name(_QUANT_SUFFIX.sub("", path.stem)) or to_safe_name(path.stem)
+    if not name:
+        raise UsageError(f"cannot make a model name from {path.name!r}; "
+                         "rename the file or pass -o to write elsewhere")
+    return name
 
 
 def best_on_disk(quants: list[str]) -> str | None:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from localinfer import console, memory, quantize, runner
+from localinfer import console, memory, quantize, runner, store_sweep
+from localinfer.store import Store
 
 if TYPE_CHECKING:
     from localinfer import imatrix as imatrix_mod
@@ -22,7 +23,7 @@ class Job:
     name: str                 # store name of the model
     qtype: str
     output: Path
-    in_store: bool            # False when -o points elsewhere
+    store: Store | None = None   # None when -o points elsewhere
 
 
 def prepare(model: str, qtype: str, output: Path | None, *, offline: bool) -> Job:
@@ -30,9 +31,9 @@ def prepare(model: str, qtype: str, output: Path | None, *, offline: bool) -> Jo
     qtype = quantize.parse_type(qtype)          # a bad type is refused before anything is pulled
     source, name = _source(model, qtype, offline=offline)
     if output is not None:
-        return Job(source, name, qtype, output.expanduser(), in_store=False)
+        return Job(source, name, qtype, output.expanduser())
     _, _, store = runner.context()
-    return Job(source, name, qtype, store.path_for(name, qtype), in_store=True)
+    return Job(source, name, qtype, store.path_for(name, qtype), store)
 
 
 def _source(model: str, qtype: str, *, offline: bool) -> tuple[Path, str]:
@@ -109,12 +110,24 @@ def planned_facts(source: memory.ModelFacts, plan: quantize.QuantPlan) -> memory
 
 def run(job: Job, imatrix: imatrix_mod.Imatrix | None, *, threads: int, allow_requantize: bool,
         force: bool) -> None:
-    with progress_bar(console.interactive()) as progress:
+    with _writing(job), progress_bar(console.interactive()) as progress:
         size = quantize.quantize_file(job.source, job.output, job.qtype, threads=threads,
                                       allow_requantize=allow_requantize, imatrix=imatrix,
                                       progress=progress, force=force, warn=console.warn)
-    label = f"{job.name}:{job.qtype}" if job.in_store else str(job.output)
+    label = f"{job.name}:{job.qtype}" if job.store else str(job.output)
     console.note(f"{label}: {console.human_size(size)} written to {job.output}")
+
+
+@contextlib.contextmanager
+def _writing(job: Job) -> Iterator[None]:
+    """Into the store: sweep what killed runs left, and hold the lock for this name and type
+    while writing, as every store writer does (a second run waits, then finds the file)."""
+    if job.store is None:
+        yield
+        return
+    store_sweep.sweep(job.store)
+    with job.store.lock(job.name, job.qtype):
+        yield
 
 
 @contextlib.contextmanager

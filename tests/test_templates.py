@@ -1,7 +1,15 @@
-"""Chat templates rendered in the sandbox, as transformers renders them."""
+"""Chat templates rendered in the sandbox, as transformers renders them, within bounds."""
 
+import json
+import time
+import tracemalloc
+from datetime import datetime
+
+import jinja2
 import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+import chat_templates
 from localinfer.errors import ModelLoadError
 from localinfer.templates import messages_for, render
 
@@ -43,3 +51,145 @@ def test_sandbox_is_immutable():
 def test_syntax_error_is_reported():
     with pytest.raises(ModelLoadError, match="invalid"):
         render("{% for %}", messages_for("x", None))
+
+
+# -- real templates render exactly as the plain sandbox renders them -----------------------------
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "  What is 2+2?  "},
+    {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+    {"role": "user", "content": "And 3+3? Answer in {braces} and 100% plain text."},
+]
+
+
+def stock_render(template: str, messages, **variables) -> str:
+    """The template rendered as before any bounds: Jinja's immutable sandbox, transformers' settings."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda v, indent=None, ensure_ascii=False: json.dumps(
+        v, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(jinja2.TemplateError(m))
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                            **variables)
+
+
+@pytest.mark.parametrize("name", sorted(chat_templates.REAL))
+@pytest.mark.parametrize("conversation", ["one turn", "with system", "long history"])
+def test_real_templates_render_as_before(name, conversation):
+    template = chat_templates.REAL[name]
+    messages = {"one turn": messages_for("Hi there", None),
+                "with system": CONVERSATION,
+                "long history": [CONVERSATION[0]] + CONVERSATION[1:3] * 200 + [CONVERSATION[3]],
+                }[conversation]
+    expected = stock_render(template, messages, bos_token="<s>", eos_token="</s>")
+    start = time.thread_time()
+    assert render(template, messages, bos_token="<s>", eos_token="</s>") == expected
+    assert time.thread_time() - start < 0.2     # far inside the CPU bound, even for 400 turns
+
+
+def test_smollm2_template_output_is_pinned():
+    assert render(chat_templates.SMOLLM2, messages_for("Hi", None)) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_smollm2_literal_is_the_model_files_template(smollm_path):
+    from localinfer.gguf_header import read_header
+    assert read_header(smollm_path).metadata["tokenizer.chat_template"] == chat_templates.SMOLLM2
+
+
+def test_macro_recursion_and_recursive_loops_within_bounds_render():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": [1, [2, [3]]]}}}
+    messages = [{"role": "tool", "content": schema}]
+    assert render(chat_templates.RECURSIVE_MACRO, messages) == \
+        stock_render(chat_templates.RECURSIVE_MACRO, messages)
+    assert "a(b(c()))" in render(chat_templates.RECURSIVE_MACRO, messages)
+
+
+def test_a_long_message_fits_the_output_bound():
+    """The output bound grows with the conversation: a 3 MB document passes through whole."""
+    document = "word " * 600_000
+    text = render(chat_templates.QWEN25, messages_for(document, None))
+    assert document in text
+
+
+# -- hostile templates end with one clear error, quickly and in little memory --------------------
+HOSTILE = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "filtered loops": "{% for i in range(100000) %}{% for j in range(100000) if j < 0 %}"
+                      "{% endfor %}{% endfor %}",
+    "loops over a string": "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}"
+                           "{% endfor %}",
+    "huge power": "{{ 10 ** (10 ** 10) }}",
+    "huge product": "{% set ns = namespace(n=3) %}{% for i in range(100) %}"
+                    "{% set ns.n = ns.n * ns.n %}{% endfor %}{{ ns.n }}",
+    "string repetition": "{{ 'a' * 10**10 }}",
+    "list repetition": "{{ ([1] * 10**9)|length }}",
+    "1.2 MB per iteration": "{% for i in range(100000) %}{{ 'x' * 1000000 }}{{ 'y' * 200000 }}"
+                            "{% endfor %}",
+    "literal text in a macro": "{% macro m() %}{% for i in range(100000) %}" + "y" * 1000 +
+                               "{% endfor %}{% endmacro %}{% for i in range(1000) %}{{ m() }}{% endfor %}",
+    "doubling with ~": "{% set ns = namespace(s='a') %}{% for i in range(64) %}"
+                       "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "doubling with +": "{% set ns = namespace(s='a') %}{% for i in range(64) %}"
+                       "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "a long string repeated in a list, as text": "{{ ['x' * 900000] * 100000 }}",
+    "join with a long separator": "{{ range(100000)|join('x' * 900000) }}",
+    "str.join with a long separator": "{{ ('x' * 900000).join(['a'] * 100000) }}",
+    "ljust": "{{ 'a'.ljust(10**10) }}",
+    "center filter": "{{ 'a'|center(10000000000) }}",
+    "format width": "{{ '{:>999999999}'.format(1) }}",
+    "format width from an argument": "{{ '{:>{}}'.format(1, 999999999) }}",
+    "percent width": "{{ '%999999999d' % 1 }}",
+    "percent star width": "{{ '%*d' % (999999999, 1) }}",
+    "replace amplifies": "{{ ('a' * 100000).replace('a', 'b' * 100000) }}",
+    "replace filter amplifies": "{{ ('a' * 100000)|replace('', 'b' * 100000) }}",
+    "indent filter": "{{ ('\n' * 100000)|indent(999999) }}",
+    "tojson indent": "{{ range(1000)|list|tojson(indent=999999) }}",
+    "expandtabs": "{{ ('\t' * 100000).expandtabs(999999) }}",
+    "translate": "{{ ('a' * 100000).translate({97: 'b' * 999999}) }}",
+    "sum of lists": "{{ ([[1]] * 100000)|sum(start=[]) }}",
+    "slice count": "{{ range(10)|slice(999999)|list|length }}",
+    "recursion": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+    "recursive loop": "{% for x in range(100000) recursive %}{{ loop(range(100000)) }}{% endfor %}",
+    "caller in caller": "{% macro m() %}{% for i in range(1000) %}{{ caller() }}{% endfor %}"
+                        "{% endmacro %}{% call m() %}{% call m() %}{{ 'x' * 1000 }}{% endcall %}"
+                        "{% endcall %}",
+    "lipsum": "{{ lipsum(n=1000000) }}",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_template_is_stopped_quickly_in_little_memory(name):
+    tracemalloc.start()
+    start = time.thread_time()
+    try:
+        with pytest.raises(ModelLoadError, match="^the model's chat template .*; use --raw"):
+            render(HOSTILE[name], messages_for("Hi", None))
+        seconds = time.thread_time() - start
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seconds < 0.6, f"{seconds:.2f} s of CPU"
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB"
+
+
+def test_bound_messages_say_what_was_exceeded():
+    cases = {"recursion": "nested calls more than 64 deep", "huge power": "bits",
+             "nested loops": "s of CPU", "string repetition": "characters",
+             "ljust": "width or count"}
+    for name, words in cases.items():
+        with pytest.raises(ModelLoadError, match=words):
+            render(HOSTILE[name], messages_for("Hi", None))
+
+
+@pytest.mark.parametrize("template", ["", "   ", "{% if false %}x{% endif %}\n"])
+def test_template_that_renders_nothing_is_an_error(template):
+    with pytest.raises(ModelLoadError, match="rendered an empty prompt"):
+        render(template, messages_for("Hi", None))
+
+
+def test_number_literal_too_long_for_python_is_a_clear_error():
+    with pytest.raises(ModelLoadError, match="cannot be compiled: Exceeds the limit"):
+        render("{{ " + "9" * 5000 + " }}", messages_for("Hi", None))

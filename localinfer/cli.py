@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import traceback
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from localinfer import console, runner, shell_io
+from localinfer import console, runner, settings, shell_io
 from localinfer.backends import BACKEND_CHOICES, LoadOptions
 from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError,
                                UsageError)
@@ -111,7 +112,8 @@ def run(
                                 help="Drop tokens below this fraction of the top probability."),
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
                                          help="Penalty for recently seen tokens; 1 = off."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling; -1 (or "
+                                       "none given) draws a new one each run."),
     max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1,
                                    help="Stop after this many tokens; -1 = until the model ends."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
@@ -184,7 +186,8 @@ def chat(
     model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a .gguf path."),
     system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
     temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; -1 (or none given) "
+                                       "draws a new one each run."),
     max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1, help="Per reply; -1 = no limit."),
     ctx: int = typer.Option(0, "--ctx", "-c", min=0, help="Context length; 0 = model's, up to 4096."),
     threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
@@ -430,30 +433,47 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and a documented exit code."""
     global _debug
     args = list(sys.argv[1:] if argv is None else argv)
-    _debug = "--debug" in args or runner.settings.load().debug
+    _debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
-    sys.stdout.reconfigure(errors="replace")
-    command = typer.main.get_command(app)
+    shell_io.guard_standard_streams()
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="replace")
     try:
-        code = command.main(args=args, prog_name="localinfer", standalone_mode=False)
-    except _CLICK_EXIT as e:
-        code = e.exit_code
+        _debug = _debug or settings.load().debug
+        shell_io.check_arguments(args)
+        code = _invoke(args)
     except NoArgsIsHelpError as e:   # bare `localinfer` or `localinfer run`: the help, not an error
         e.show()
         sys.exit(EXIT_USAGE)
     except _ClickUsageError as e:
         _fail(e.format_message(), EXIT_USAGE, e)
     except (KeyboardInterrupt, *_CLICK_ABORT):
-        sys.stdout.flush()
+        _flush_quietly()
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        shell_io.quiet_broken_pipe()
+        sys.exit(0)
     except LocalinferError as e:
         _fail(str(e), e.exit_code, e)
+    except OSError as e:             # the disk or the file system, not a bug: say which file
+        _fail(_os_error_line(e), EXIT_RUNTIME, e)
+    except MemoryError as e:
+        _fail("out of memory; try a smaller model, --ctx or --memory", EXIT_RUNTIME, e)
     except Exception as e:  # a bug: still one line, the traceback with --debug
         _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for details)",
               EXIT_RUNTIME, e)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _invoke(args: list[str]) -> object:
+    """Parse the arguments and run the command. Not through click's main(): that turns a closed
+    pipe into a silent exit 1 before any handler here could call it the normal end it is."""
+    command = typer.main.get_command(app)
+    try:
+        with command.make_context("localinfer", args) as ctx:
+            return command.invoke(ctx)
+    except _CLICK_EXIT as e:
+        return e.exit_code
 
 
 def _fail(message: str, code: int, exc: BaseException) -> None:
@@ -463,9 +483,13 @@ def _fail(message: str, code: int, exc: BaseException) -> None:
     sys.exit(code)
 
 
-def _quiet_broken_pipe() -> None:
-    # The reader (e.g. `head`) went away: nothing more to say, and no traceback at exit.
-    import os
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)
+def _flush_quietly() -> None:
+    try:
+        sys.stdout.flush()
+    except (OSError, LocalinferError):   # a closed pipe or stdout: nothing more to say
+        pass
+
+
+def _os_error_line(e: OSError) -> str:
+    where = f": {e.filename}" if e.filename else ""
+    return f"{e.strerror or type(e).__name__}{where}"

@@ -19,6 +19,8 @@ Sampler = Callable[[np.ndarray, Sequence[int]], int]
 # Without top-k, candidates are the logits within this many nats of the best one (at temperature 1):
 # anything further has probability below e^-30 relative to the top token.
 _FAR_BELOW = 30.0
+# llama.cpp's command-line tools take seed -1 to mean a random seed; so does --seed here.
+RANDOM_SEED = -1
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,16 @@ class SamplingParams:
     min_p: float = 0.05           # 0 disables
     repeat_penalty: float = 1.0   # 1 disables
     repeat_last_n: int = 64
-    seed: int | None = None
+    seed: int | None = None       # None or RANDOM_SEED: a different draw on every run
+
+    @property
+    def rng_seed(self) -> int | None:
+        """The seed for numpy's generator: None (fresh entropy) for RANDOM_SEED, as llama.cpp's -1."""
+        return None if self.seed == RANDOM_SEED else self.seed
 
     def validate(self) -> None:
+        if self.seed is not None and self.seed < RANDOM_SEED:
+            raise UsageError("--seed must be -1 (random) or a number from 0 up")
         if self.temperature < 0:
             raise UsageError("--temp must be 0 or more")
         if self.top_k < 0:
@@ -48,7 +57,7 @@ class SamplingParams:
 
 def make_sampler(params: SamplingParams) -> Sampler:
     params.validate()
-    rng = np.random.default_rng(params.seed)
+    rng = np.random.default_rng(params.rng_seed)
 
     def sample(logits: np.ndarray, history: Sequence[int]) -> int:
         if params.repeat_penalty != 1.0 and history:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
+from localinfer.errors import UsageError
+
 APP_NAME = "localinfer"
+# Piped input read at most: 16 MB of text is some 4 million tokens, past any model's context.
+DEFAULT_STDIN_BYTES = 16_000_000
 
 
 @dataclass(frozen=True)
@@ -21,23 +26,24 @@ class Settings:
     # LLAMA_CPP_LIB_PATH: llama-cpp-python's own override of its library folder; the quantizer's
     # direct binding then leaves the loading to the package.
     engine_lib_dir: str | None = None
+    stdin_cap: str = ""        # LOCALINFER_STDIN_BYTES: the most piped input `run` reads
 
     @property
     def data_dir(self) -> Path:
         if self.home:
-            return self.home / "data"
+            return _checked_home(self.home) / "data"
         return Path(platformdirs.user_data_dir(APP_NAME))
 
     @property
     def config_dir(self) -> Path:
         if self.home:
-            return self.home / "config"
+            return _checked_home(self.home) / "config"
         return Path(platformdirs.user_config_dir(APP_NAME))
 
     @property
     def cache_dir(self) -> Path:
         if self.home:
-            return self.home / "cache"
+            return _checked_home(self.home) / "cache"
         return Path(platformdirs.user_cache_dir(APP_NAME))
 
     @property
@@ -61,6 +67,13 @@ class Settings:
         return parse_bytes(self.prompt_cache_cap) if self.prompt_cache_cap.strip() else None
 
     @property
+    def stdin_bytes(self) -> int:
+        """The most piped input `run` reads (LOCALINFER_STDIN_BYTES, e.g. 64M)."""
+        if not self.stdin_cap.strip():
+            return DEFAULT_STDIN_BYTES
+        return parse_bytes(self.stdin_cap, "LOCALINFER_STDIN_BYTES")
+
+    @property
     def chat_history(self) -> Path:
         return self.data_dir / "chat_history"
 
@@ -74,22 +87,38 @@ def load() -> Settings:
         prompt_cache_cap=os.environ.get("LOCALINFER_PROMPT_CACHE_BYTES", ""),
         memory_budget=os.environ.get("LOCALINFER_MEMORY_BUDGET") or None,
         engine_lib_dir=os.environ.get("LLAMA_CPP_LIB_PATH") or None,
+        stdin_cap=os.environ.get("LOCALINFER_STDIN_BYTES", ""),
     )
+
+
+def _checked_home(home: Path) -> Path:
+    """LOCALINFER_HOME, once it is known to be a directory or a place where one can be made: a file
+    there (or above it) would otherwise fail deep inside whichever command first writes."""
+    for path in (home, *home.parents):     # the nearest part that exists must be a directory
+        try:
+            exists = path.exists()
+        except OSError:                     # e.g. a name too long: creating it will say so
+            break
+        if exists and not path.is_dir():
+            raise UsageError(f"LOCALINFER_HOME={home} is not a directory ({path} is a file); "
+                             "point it at a directory, or at a path where one can be made")
+        if exists:
+            break
+    return home
 
 
 _UNITS = {"": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "KI": 2 ** 10, "MI": 2 ** 20, "GI": 2 ** 30}
 
 
-def parse_bytes(text: str) -> int:
-    """'500M', '2G', '1GiB' or a plain number of bytes."""
-    from localinfer.errors import UsageError
+def parse_bytes(text: str, name: str = "LOCALINFER_PROMPT_CACHE_BYTES") -> int:
+    """'500M', '2G', '1GiB' or a plain number of bytes; `name` is the variable it came from."""
     value = text.strip().upper().removesuffix("B")
     digits = value.rstrip("KMGI")
     unit = value[len(digits):]
     try:
-        number = float(digits)
-    except ValueError:
+        number = float(digits) * _UNITS[unit]
+    except (ValueError, KeyError):
         number = -1.0
-    if unit not in _UNITS or number < 0:
-        raise UsageError(f"LOCALINFER_PROMPT_CACHE_BYTES={text!r} is not a size; use e.g. 2G, 500M or 0")
-    return int(number * _UNITS[unit])
+    if not math.isfinite(number) or number < 0:     # float() reads 'nan' and 'inf' too
+        raise UsageError(f"{name}={text!r} is not a size; use e.g. 2G, 500M or 0")
+    return int(number)

@@ -1,14 +1,18 @@
-"""How `run` talks to the shell: piped stdin combined with the prompt, the answer streamed to
-stdout (or one JSON object), and the figures on stderr."""
+"""How localinfer talks to the shell: piped stdin combined with the prompt, the answer streamed to
+stdout (or one JSON object), the figures on stderr, and the standard streams a shell may have
+closed or filled with something other than text."""
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
+import os
 import sys
 from typing import TYPE_CHECKING
 
 from localinfer import console
-from localinfer.errors import UsageError
+from localinfer.errors import LocalinferError, UsageError
 
 if TYPE_CHECKING:
     from localinfer import runner
@@ -20,15 +24,119 @@ def messages(text: str, system: str | None) -> list[dict[str, str]]:
     return messages_for(text, system)
 
 
-def read_stdin() -> str | None:
-    """Piped input, or None when stdin is a terminal or absent."""
+def read_stdin(limit: int | None = None) -> str | None:
+    """Piped input as text, or None when stdin is a terminal or absent.
+
+    At most `limit` bytes are read (settings' stdin_bytes by default), so `yes | localinfer run ...`
+    ends at once; input that is not UTF-8 text is refused at its first bad byte rather than guessed
+    at, so `localinfer run ... < /dev/urandom` ends at once too.
+    """
     stream = sys.stdin
     if stream is None or console.interactive(stream):
         return None
+    if limit is None:
+        from localinfer import settings
+        limit = settings.load().stdin_bytes
     try:
-        return stream.read()
-    except (OSError, ValueError):
+        return _read_text(getattr(stream, "buffer", None) or _Encoded(stream), limit)
+    except ValueError:          # closed by whoever started us
         return None
+    except OSError as e:        # e.g. a directory given as stdin
+        raise UsageError(f"cannot read stdin: {e.strerror or e}") from e
+
+
+_CHUNK = 1 << 16
+
+
+def _read_text(stream, limit: int) -> str:
+    """UTF-8 text of at most `limit` bytes, newlines as text-mode stdin gives them."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    parts: list[str] = []
+    size = 0
+    while True:
+        chunk = stream.read1(_CHUNK)
+        final = not chunk
+        start = size - len(decoder.getstate()[0])   # where the bytes decoded next begin
+        try:
+            parts.append(decoder.decode(chunk, final=final))
+        except UnicodeDecodeError as e:
+            raise UsageError(f"stdin is not UTF-8 text (invalid byte at offset {start + e.start}); "
+                             "pipe text, or convert it first, e.g. with `iconv -f latin1 -t utf-8`"
+                             ) from e
+        if "\0" in parts[-1]:   # binary data, or UTF-16 text (ASCII in UTF-16 is valid UTF-8)
+            raise UsageError("stdin holds a NUL character: binary data, not text; convert UTF-16 "
+                             "text with `iconv -f utf-16 -t utf-8`")
+        size += len(chunk)
+        if size > limit:
+            raise UsageError(f"stdin holds more than {console.human_size(limit)}; pipe less "
+                             "(e.g. `head -c 1M FILE |`) or raise LOCALINFER_STDIN_BYTES (e.g. 64M)")
+        if final:
+            return "".join(parts).replace("\r\n", "\n").replace("\r", "\n")
+
+
+class _Encoded:
+    """A text stream (as tests substitute for stdin) read as UTF-8 bytes."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def read1(self, n: int) -> bytes:
+        return self._stream.read(n).encode("utf-8", "surrogateescape")
+
+
+def check_arguments(args: list[str]) -> None:
+    """Refuse an argument whose bytes are not UTF-8: Python carries them as lone surrogates that
+    fail far away (in the tokenizer, on output), not here where the cause is plain."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise UsageError(f"the argument '{shown}' is not UTF-8 text; pass it in UTF-8 "
+                             "(e.g. convert it with iconv)") from None
+
+
+class ClosedStdout(io.TextIOBase):
+    """Stands in for a stdout the shell closed (`>&-`): a command that prints nothing still
+    succeeds, one that has an answer to print ends with one clear line."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise LocalinferError("stdout is closed, so the answer has nowhere to go; "
+                                  "redirect it to a file or to /dev/null instead")
+        return 0
+
+
+def guard_standard_streams() -> None:
+    """Keep file descriptors 0-2 taken and sys.stdout/sys.stderr usable when the shell closed them.
+
+    A closed descriptor is handed to the next file opened (a model, a cache entry), and whatever
+    then writes to "stdout" or "stderr" would write into that file; /dev/null holds the place.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = ClosedStdout()
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
+
+
+def quiet_broken_pipe() -> None:
+    """The reader of stdout (e.g. `head`) went away: a normal end in a pipeline. What is still
+    buffered goes to /dev/null, so Python's flush at exit neither fails nor prints."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def combine_input(stdin_text: str | None, prompt: str | None) -> str:

@@ -63,7 +63,7 @@ class SamplingPolicy:
     def __init__(self, params: SamplingParams, rng: np.random.Generator | None = None) -> None:
         self.params = params
         self.greedy = params.temperature == 0
-        self.rng = rng or np.random.default_rng(params.seed)
+        self.rng = rng or np.random.default_rng(params.rng_seed)
         self._plain = make_sampler(params)   # greedy choices go through the plain sampler itself
 
     def choose(self, logits: np.ndarray, history: Sequence[int]) -> int:

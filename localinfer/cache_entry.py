@@ -8,19 +8,24 @@ caught on read.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
+from localinfer.cache_paths import SUFFIX, TEMP_PREFIX
+
 MAGIC = b"LIPCACHE"
 VERSION = 1
-SUFFIX = ".kv"
+MAX_HEAD = 1 << 20      # a header holds the cache key and a few numbers: a few hundred bytes
 _LEN = struct.Struct("<I")
 
 
@@ -51,7 +56,7 @@ def write(path: Path, *, key: str, label: str, tokens: list[int], state: bytes) 
     head = json.dumps({"version": VERSION, "key": key, "label": label, "n_tokens": len(tokens),
                        "state_len": len(state), "sha256": digest.hexdigest()}).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=SUFFIX)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX, suffix=SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + _LEN.pack(len(head)) + head)
@@ -64,35 +69,58 @@ def write(path: Path, *, key: str, label: str, tokens: list[int], state: bytes) 
 
 
 def read_head(path: Path) -> EntryHead:
-    """The header and tokens of an entry; raises CorruptEntry if they cannot be parsed."""
-    with open(path, "rb") as f:
+    """The header and tokens of an entry; raises CorruptEntry if they cannot be parsed.
+
+    Every count in the file is checked against the file's size before it sizes a read, so a
+    damaged entry costs no more memory than the file holds."""
+    with _open(path) as f:
         st = os.fstat(f.fileno())
         fixed = f.read(len(MAGIC) + _LEN.size)
         if len(fixed) < len(MAGIC) + _LEN.size or not fixed.startswith(MAGIC):
             raise CorruptEntry("bad magic")
         (head_len,) = _LEN.unpack(fixed[len(MAGIC):])
-        try:
-            head = json.loads(f.read(head_len))
-            n_tokens, state_len = int(head["n_tokens"]), int(head["state_len"])
-            key, checksum = str(head["key"]), str(head["sha256"])
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            raise CorruptEntry(f"bad header: {e}") from None
-        if head.get("version") != VERSION:
-            raise CorruptEntry("another format version")
+        if head_len > min(MAX_HEAD, st.st_size):
+            raise CorruptEntry("bad header length")
+        head = _parse_head(f.read(head_len))
+        n_tokens, state_len = head["n_tokens"], head["state_len"]
+        offset = len(MAGIC) + _LEN.size + head_len + 4 * n_tokens
+        if st.st_size != offset + state_len:
+            raise CorruptEntry("truncated")
         token_bytes = f.read(4 * n_tokens)
-    offset = len(MAGIC) + _LEN.size + head_len + 4 * n_tokens
-    if len(token_bytes) != 4 * n_tokens or st.st_size != offset + state_len:
+    if len(token_bytes) != 4 * n_tokens:
         raise CorruptEntry("truncated")
     tokens = np.frombuffer(token_bytes, dtype="<i4").tolist()
-    return EntryHead(path, key, tokens, state_len, checksum, offset, st.st_size, st.st_mtime,
-                     str(head.get("label", "")))
+    return EntryHead(path, head["key"], tokens, state_len, head["sha256"], offset, st.st_size,
+                     st.st_mtime, head["label"])
+
+
+def _parse_head(raw: bytes) -> dict:
+    """The JSON header with the type of every field checked; CorruptEntry otherwise."""
+    try:
+        head = json.loads(raw)
+    except (ValueError, RecursionError) as e:     # UnicodeDecodeError is a ValueError
+        raise CorruptEntry(f"bad header: {type(e).__name__}") from None
+    if not isinstance(head, dict):
+        raise CorruptEntry("bad header: not an object")
+    if head.get("version") != VERSION:
+        raise CorruptEntry("another format version")
+    for field in ("n_tokens", "state_len"):
+        value = head.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise CorruptEntry(f"bad header: {field}")
+    for field in ("key", "sha256"):
+        if not isinstance(head.get(field), str):
+            raise CorruptEntry(f"bad header: {field}")
+    label = head.get("label", "")
+    head["label"] = label if isinstance(label, str) else ""
+    return head
 
 
 def read_state(head: EntryHead, key: str) -> bytes:
     """The verified KV state of an entry whose head was read; raises CorruptEntry if anything is off."""
     if head.key != key:
         raise CorruptEntry("entry belongs to another model or settings")
-    with open(head.path, "rb") as f:
+    with _open(head.path) as f:
         f.seek(head.data_offset - 4 * len(head.tokens))
         token_bytes = f.read(4 * len(head.tokens))
         state = f.read(head.state_len + 1)   # one byte more: a file that grew is wrong too
@@ -107,13 +135,26 @@ def read_state(head: EntryHead, key: str) -> bytes:
     return state
 
 
+def _open(path: Path) -> BinaryIO:
+    """An entry opened for reading: never through a symlink, and only a regular file (reading a
+    FIFO put in its place would block forever)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
+        getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CorruptEntry("a symlink, not an entry") from None
+        raise
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise CorruptEntry("not a regular file")
+    return f
+
+
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
     except FileNotFoundError:
         pass
-
-
-def remove(path: Path) -> None:
-    """Delete an entry; another process may have deleted it first."""
-    _unlink(path)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localinfer import cache_entry
+from localinfer import cache_entry, cache_paths
 from localinfer.cache_entry import CorruptEntry, EntryHead
 
 DEFAULT_CAP_BYTES = 2_000_000_000
@@ -63,7 +63,7 @@ class PromptCache:
         try:
             state = cache_entry.read_state(head, self.key)
         except CorruptEntry:
-            cache_entry.remove(head.path)
+            cache_paths.remove(self.root, head.path)
             return None
         except OSError:          # deleted by another process since lookup
             return None
@@ -71,7 +71,7 @@ class PromptCache:
         return state
 
     def drop(self, head: EntryHead) -> None:
-        cache_entry.remove(head.path)
+        cache_paths.remove(self.root, head.path)
 
     def save(self, tokens: Sequence[int], state: bytes) -> Path | None:
         """Store the state of `tokens`, then evict least-recently-used entries over the cap."""
@@ -80,6 +80,8 @@ class PromptCache:
             return None
         name = hashlib.sha256(self.key.encode() + np.asarray(tokens, "<i4").tobytes()).hexdigest()
         path = self.dir / f"{name[:32]}{cache_entry.SUFFIX}"
+        if not cache_paths.prepare_key_dir(self.root, self.dir):
+            return None
         try:
             cache_entry.write(path, key=self.key, label=self.label, tokens=list(tokens),
                               state=state)
@@ -90,11 +92,11 @@ class PromptCache:
 
     def _heads(self) -> list[EntryHead]:
         heads = []
-        for path in _entry_files(self.dir):
+        for path in cache_paths.files_in(self.root, self.dir):
             try:
                 heads.append(cache_entry.read_head(path))
             except CorruptEntry:
-                cache_entry.remove(path)
+                cache_paths.remove(self.root, path)
             except OSError:
                 continue
         return heads
@@ -112,7 +114,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def entries(root: Path) -> list[EntryHead]:
     """Every readable entry under root, most recently used first (corrupt ones are skipped)."""
     heads = []
-    for path in _entry_files(root, recursive=True):
+    for path in cache_paths.all_files(root):
         try:
             heads.append(cache_entry.read_head(path))
         except (CorruptEntry, OSError):
@@ -129,7 +131,7 @@ def evict(root: Path, cap_bytes: int, *, keep: Path | None = None) -> int:
     """Delete least-recently-used entries until the cache fits cap_bytes; returns how many."""
     _remove_stale_temps(root)
     files = []
-    for path in _entry_files(root, recursive=True):
+    for path in cache_paths.all_files(root):
         try:
             st = path.stat()
         except OSError:
@@ -142,7 +144,7 @@ def evict(root: Path, cap_bytes: int, *, keep: Path | None = None) -> int:
             break
         if path == keep:
             continue
-        cache_entry.remove(path)
+        cache_paths.remove(root, path)
         total -= size
         removed += 1
     return removed
@@ -151,33 +153,24 @@ def evict(root: Path, cap_bytes: int, *, keep: Path | None = None) -> int:
 def clear(root: Path) -> Usage:
     """Delete every entry; returns what was there."""
     before = usage(root)
-    for path in _entry_files(root, recursive=True):
-        cache_entry.remove(path)
+    for path in cache_paths.all_files(root):
+        cache_paths.remove(root, path)
     return before
-
-
-def _entry_files(directory: Path, *, recursive: bool = False) -> list[Path]:
-    pattern = f"*{cache_entry.SUFFIX}"
-    try:
-        found = directory.rglob(pattern) if recursive else directory.glob(pattern)
-        return [p for p in found if not p.name.startswith(".tmp-")]
-    except OSError:
-        return []
 
 
 def _remove_stale_temps(root: Path) -> None:
     now = time.time()
-    for path in root.rglob(f".tmp-*{cache_entry.SUFFIX}") if root.exists() else ():
+    for path in cache_paths.all_files(root, temporary=True):
         try:
             if now - path.stat().st_mtime > _STALE_TEMP_S:
-                path.unlink()
+                cache_paths.remove(root, path)
         except OSError:
             continue
 
 
 def _touch(path: Path) -> None:
-    try:
-        os.utime(path)
+    try:   # the entry itself, never what a link swapped in since lookup points to
+        os.utime(path, follow_symlinks=os.utime not in os.supports_follow_symlinks)
     except OSError:
         pass
 

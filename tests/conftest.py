@@ -63,3 +63,13 @@ def in_models_home():
 def home(tmp_path: Path) -> Path:
     """An empty LOCALINFER_HOME for tests that write to the store."""
     return tmp_path / "home"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long fuzz runs are opt-in: they run only when `-m` names the `fuzz` marker."""
+    if "fuzz" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="a long fuzz run: select it with `pytest -m fuzz`")
+    for item in items:
+        if "fuzz" in item.keywords:
+            item.add_marker(skip)

@@ -225,29 +225,33 @@ def percent_size(budget: Budget, fmt: str, args: object) -> int:
     conversions = _PERCENT_SPEC.findall(fmt)
     values = list(args.values()) if isinstance(args, Mapping) else \
         list(args) if isinstance(args, tuple) else [args]
-    width = max((spec_width(budget, f"{w} {p}") for w, p in conversions), default=0)
-    if any("*" in w + p for w, p in conversions):
+    specs = set(conversions)                # a long format repeats a few specs many times
+    width = max((spec_width(budget, f"{w} {p}") for w, p in specs), default=0)
+    if any("*" in w + p for w, p in specs):
         budget.int_args(values)            # '*' takes the width from the arguments
         width = max([width, *(abs(v) for v in values if is_int(v))])
-    largest = max((budget.text(v) for v in values), default=0)
-    return len(fmt) + len(conversions) * (largest + width)
+    return len(fmt) + len(conversions) * (_largest_text(budget, values, len(conversions)) + width)
 
 
 def format_size(budget: Budget, fmt: str, args: Iterable[object],
                 kwargs: Mapping[str, object]) -> int:
     """'fmt.format(...)': each field at most the largest argument plus the largest width."""
-    fields, width, nested = 0, 0, False
-    for _, name, spec, _ in Formatter().parse(fmt):
-        if name is not None:
-            fields += 1
-            width = max(width, spec_width(budget, spec or ""))
-            nested = nested or "{" in (spec or "")
+    specs = [spec or "" for _, name, spec, _ in Formatter().parse(fmt) if name is not None]
+    width = max((spec_width(budget, spec) for spec in set(specs)), default=0)
     values = [*args, *kwargs.values()]
-    if nested:                             # '{:{}}' takes the width from the arguments
+    if any("{" in spec for spec in specs):  # '{:{}}' takes the width from the arguments
         budget.int_args(values)
         width = max([width, *(abs(v) for v in values if is_int(v))])
-    largest = max((budget.text(v) for v in values), default=0)
-    return len(fmt) + fields * (largest + width)
+    return len(fmt) + len(specs) * (_largest_text(budget, values, len(specs)) + width)
+
+
+def _largest_text(budget: Budget, values: list[object], uses: int) -> int:
+    """The longest of the values as text, checked as it goes: each may be used `uses` times."""
+    largest = 0
+    for value in values:
+        largest = max(largest, budget.text(value))
+        budget.chars(uses * largest)
+    return largest
 
 
 def join_size(budget: Budget, separator: str, items: list[object]) -> int:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from localinfer import store_sweep
 from localinfer.catalogue import HubSource, ModelSpec, PipSource, Source, Variant
 from localinfer.errors import FetchError, LocalinferError
-from localinfer import store_sweep
 from localinfer.store import Store, publish
 
 Notify = Callable[[str], None]

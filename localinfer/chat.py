@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from localinfer import chat_window, console, prompt_cache, runner, settings
+from localinfer import chat_window, console, prompt_cache, runner, settings, shell_io
 from localinfer.decode import Generation, KVCache, Limits
 from localinfer.errors import ContextOverflow
 from localinfer.sampling import Sampler
@@ -28,7 +28,7 @@ def repl(loaded: runner.LoadedModel, sampler: Sampler, *, system: str | None, li
     prompt = ">>> " if console.interactive(sys.stdin) else ""   # no prompts mixed into piped output
     while True:
         try:
-            line = input(prompt)
+            line = shell_io.chat_line(lambda: input(prompt))
         except EOFError:
             sys.stderr.write("\n")
             break

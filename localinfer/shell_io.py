@@ -9,6 +9,7 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from localinfer import console
@@ -60,18 +61,43 @@ def _read_text(stream, limit: int) -> str:
         try:
             parts.append(decoder.decode(chunk, final=final))
         except UnicodeDecodeError as e:
-            raise UsageError(f"stdin is not UTF-8 text (invalid byte at offset {start + e.start}); "
-                             "pipe text, or convert it first, e.g. with `iconv -f latin1 -t utf-8`"
-                             ) from e
-        if "\0" in parts[-1]:   # binary data, or UTF-16 text (ASCII in UTF-16 is valid UTF-8)
-            raise UsageError("stdin holds a NUL character: binary data, not text; convert UTF-16 "
-                             "text with `iconv -f utf-16 -t utf-8`")
+            raise _not_utf8(f"invalid byte at offset {start + e.start}") from e
+        if "\0" in parts[-1]:
+            raise _nul_in_stdin()
         size += len(chunk)
         if size > limit:
             raise UsageError(f"stdin holds more than {console.human_size(limit)}; pipe less "
                              "(e.g. `head -c 1M FILE |`) or raise LOCALINFER_STDIN_BYTES (e.g. 64M)")
         if final:
             return "".join(parts).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def chat_line(read: Callable[[], str]) -> str:
+    """One line of chat input from `read` (input()), refused like piped text when it is not text:
+    Python hands undecodable bytes on as lone surrogates, or fails on them, by locale."""
+    try:
+        line = read()
+    except UnicodeDecodeError as e:
+        raise _not_utf8(f"invalid byte 0x{e.object[e.start]:02x}") from e
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _not_utf8() from None
+    if "\0" in line:
+        raise _nul_in_stdin()
+    return line
+
+
+def _not_utf8(detail: str = "") -> UsageError:
+    where = f" ({detail})" if detail else ""
+    return UsageError(f"stdin is not UTF-8 text{where}; pipe text, or convert it first, "
+                      "e.g. with `iconv -f latin1 -t utf-8`")
+
+
+def _nul_in_stdin() -> UsageError:
+    # Binary data, or UTF-16 text: ASCII in UTF-16 is valid UTF-8 with a NUL after every letter.
+    return UsageError("stdin holds a NUL character: binary data, not text; convert UTF-16 text "
+                      "with `iconv -f utf-16 -t utf-8`")
 
 
 class _Encoded:

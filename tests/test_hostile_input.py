@@ -125,6 +125,17 @@ def test_stdin_from_dev_urandom_is_refused_at_once(models_home):
     assert "stdin is not UTF-8 text" in one_error_line(result)
 
 
+def test_chat_from_dev_urandom_is_refused(models_home):
+    with open("/dev/urandom", "rb") as endless:
+        result = subprocess.run(cli("chat", "smollm2", "--offline", "-n", "4"), stdin=endless,
+                                capture_output=True, env=cli_env(models_home), timeout=60)
+    assert result.returncode == EXIT_USAGE
+    # chat greets on stderr first; then the one error line.
+    stderr = result.stderr.decode().strip().splitlines()
+    assert len(stderr) == 2 and "ready" in stderr[0]
+    assert stderr[1].startswith("localinfer: error: stdin is not UTF-8 text"), stderr
+
+
 def test_stdin_with_nul_bytes_is_refused(models_home):
     result = subprocess.run(cli("run", "smollm2", *OFFLINE), input="H\0e\0l\0l\0o\0".encode(),
                             capture_output=True, env=cli_env(models_home), timeout=60)

@@ -43,7 +43,7 @@ class SamplingParams:
     def validate(self) -> None:
         if self.seed is not None and self.seed < RANDOM_SEED:
             raise UsageError("--seed must be -1 (random) or a number from 0 up")
-        if self.temperature < 0:
+        if not self.temperature >= 0:        # written so that nan fails too
             raise UsageError("--temp must be 0 or more")
         if self.top_k < 0:
             raise UsageError("--top-k must be 0 (off) or more")
@@ -51,7 +51,7 @@ class SamplingParams:
             raise UsageError("--top-p must be in (0, 1]")
         if not 0 <= self.min_p < 1:
             raise UsageError("--min-p must be in [0, 1)")
-        if self.repeat_penalty <= 0:
+        if not 0 < self.repeat_penalty < float("inf"):
             raise UsageError("--repeat-penalty must be greater than 0")
 
 

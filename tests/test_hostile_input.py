@@ -202,6 +202,14 @@ def test_seed_below_minus_one_is_a_usage_error(models_home):
     assert "--seed must be -1 (random)" in one_error_line(result)
 
 
+@pytest.mark.parametrize("option", [("--temp", "nan"), ("--repeat-penalty", "nan"),
+                                    ("--repeat-penalty", "inf")])
+def test_sampling_value_that_is_not_a_number_is_a_usage_error(models_home, option):
+    result = run_cli("run", "smollm2", "hi", "--offline", *option, home=models_home)
+    assert result.returncode == EXIT_USAGE
+    assert f"{option[0]} must be" in one_error_line(result)
+
+
 def test_seed_minus_one_differs_between_samplers_and_a_fixed_seed_repeats():
     logits = np.zeros(50_000, dtype=np.float32)     # every token equally likely
     params = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

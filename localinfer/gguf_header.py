@@ -9,9 +9,11 @@ tests/test_quantize.py checks the table against gguf's.
 
 from __future__ import annotations
 
+import functools
 import mmap
+import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from localinfer.errors import ModelLoadError
@@ -33,12 +35,32 @@ BLOCK_SIZES: dict[str, tuple[int, int]] = {name: (block, size)
                                            for name, block, size in GGML_TYPES.values()}
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_SCALAR_BYTES = {vtype: struct.calcsize("<" + fmt) for vtype, fmt in _SCALARS.items()}
 _STRING, _ARRAY = 8, 9
-_KEEP_ARRAY = 64          # arrays up to this length are kept whole; longer ones become their length
+# Arrays up to this length are kept whole, longer ones become their length: per-layer values (at
+# most LLAMA_MAX_LAYERS of them) stay readable, a vocabulary is skipped. Elements kept in all are
+# bounded too, so a file of many short arrays cannot make the reader hold many Python objects.
+_KEEP_ARRAY = 512
+_KEEP_ELEMENTS = 1 << 16
 _U64 = struct.Struct("<Q").unpack_from
 
+# Limits, as llama.cpp's own GGUF reader (ggml/src/gguf.cpp) enforces them, or tighter where a
+# count from the file would otherwise decide how much memory this reader takes.
+VERSIONS = (2, 3)                 # GGUFv1 had 32-bit counts; llama.cpp refuses it, and anything newer
+MAX_DIMS = 4                      # GGML_MAX_DIMS
+MAX_NAME = 64                     # GGML_MAX_NAME: a tensor name must be shorter
+MAX_STRING = 1 << 30              # GGUF_MAX_STRING_LENGTH
+# Each tensor and entry becomes a Python object here, and a ggml one in llama.cpp: a count beyond
+# these is a corrupt file, not a model (512 layers, LLAMA_MAX_LAYERS, of at most 128 tensors each;
+# real models have up to a few thousand tensors and a few dozen entries).
+MAX_TENSORS = 1 << 16
+MAX_ENTRIES = 1 << 16
+_MIN_ENTRY_BYTES = 8 + 1 + 4 + 1          # key length, a key of one byte, value type, a u8 value
+_MIN_TENSOR_BYTES = 8 + 1 + 4 + 4 + 8     # name length, one byte of name, n_dims, type, offset
+_INT64_MAX = (1 << 63) - 1
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class Tensor:
     name: str
     type_name: str
@@ -54,59 +76,112 @@ class Header:
     metadata: dict[str, object]     # long arrays appear as ArrayInfo
     tensors: list[Tensor]
     header_size: int = 0            # bytes of metadata and tensor infos, before alignment padding
+    # File offset of the first element of each array value, for checks that read one (the vocabulary).
+    array_offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ArrayInfo:
     length: int
+    element_type: int = _STRING     # GGUF value type of the elements
+
+
+class CorruptFile(Exception):
+    """What is wrong with a file, in words for the user; the caller names the file."""
+
+
+def printable(text: str, limit: int = 60) -> str:
+    """A name read from a file, fit for a one-line message: control characters escaped, cut short."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
 
 
 class _Cursor:
     def __init__(self, buf) -> None:
         self.buf, self.pos = buf, 0
+        self.kept = 0             # array elements kept so far (see _KEEP_ELEMENTS)
+
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
 
     def unpack(self, fmt: str):
         values = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += struct.calcsize("<" + fmt)
         return values[0] if len(values) == 1 else values
 
-    def string(self) -> str:
+    def string(self, limit: int = MAX_STRING) -> str:
         n = self.unpack("Q")
-        raw = self.buf[self.pos:self.pos + n]
-        if len(raw) != n:
-            raise struct.error("string runs past the end of the file")
+        if n > self.remaining():
+            raise CorruptFile(f"a string of {n} bytes runs past the end of the file")
+        if n > limit:
+            raise CorruptFile(f"a string of {n} bytes, longer than the {limit} allowed")
+        # Decoded straight from the file's pages: one copy, however long the string.
+        text = str(memoryview(self.buf)[self.pos:self.pos + n], "utf-8", "replace")
         self.pos += n
-        return bytes(raw).decode("utf-8", "replace")
+        return text
 
     def value(self, vtype: int):
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
-            return self.array()
+            return self.array(self.unpack("I"), self.unpack("Q"))
+        if vtype not in _SCALARS:
+            raise CorruptFile(f"unknown value type {vtype}")
         return self.unpack(_SCALARS[vtype])
 
-    def array(self):
-        etype, n = self.unpack("I"), self.unpack("Q")
-        if n <= _KEEP_ARRAY:
+    def array(self, etype: int, n: int):
+        """The elements after an array's type and length: a list, or ArrayInfo when long."""
+        if etype == _ARRAY:       # llama.cpp refuses them; refused here before any recursion
+            raise CorruptFile("an array of arrays")
+        smallest = 8 if etype == _STRING else _SCALAR_BYTES.get(etype)
+        if smallest is None:
+            raise CorruptFile(f"an array of unknown value type {etype}")
+        if n * smallest > self.remaining():
+            raise CorruptFile(f"an array of {n} elements runs past the end of the file")
+        if n <= _KEEP_ARRAY and self.kept + n <= _KEEP_ELEMENTS:
+            self.kept += n
             return [self.value(etype) for _ in range(n)]
         if etype == _STRING:
-            # Variable length: walk the lengths only (a vocabulary has 50k-260k of them; locals
-            # keep the loop tight).
-            buf, pos = self.buf, self.pos
-            for _ in range(n):
-                pos += 8 + _U64(buf, pos)[0]
-            self.pos = pos
+            self.pos = self._skip_strings(n)
         else:
-            self.pos += n * struct.calcsize(_SCALARS[etype])
-        return ArrayInfo(n)
+            self.pos += n * smallest
+        return ArrayInfo(n, etype)
+
+    def _skip_strings(self, n: int) -> int:
+        # Variable length: walk the lengths only (a vocabulary has 50k-260k of them; locals keep
+        # the loop tight). A length past the end makes the next read fail (struct.error).
+        buf, pos = self.buf, self.pos
+        for _ in range(n):
+            pos += 8 + _U64(buf, pos)[0]
+        if pos > len(buf):
+            raise CorruptFile("a string array runs past the end of the file")
+        return pos
 
 
 def read_header(path: Path) -> Header:
+    """The metadata and tensor descriptions of a GGUF file, every count and size checked against
+    the file; a ModelLoadError (one line) for any file that is not a well-formed GGUF.
+
+    Parsed once per process while the file is unchanged (same inode, size and times): one `run`
+    reads the header for the memory estimate, the backend choice and the load, and Gemma 3's takes
+    80 ms. The Header is shared between callers; none may modify it.
+    """
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(buf, path)
+        return _read_file(Path(path), file_identity(path))
     except (ValueError, OSError) as e:   # mmap of an empty file raises ValueError
         raise ModelLoadError(f"cannot read {path}: {e}") from e
+
+
+def file_identity(path: Path) -> tuple[int, ...]:
+    """What changes when the file is replaced or rewritten: the key of per-file memos."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _read_file(path: Path, _identity: tuple[int, ...]) -> Header:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _parse(buf, path)
 
 
 def _parse(buf, path: Path) -> Header:
@@ -115,34 +190,113 @@ def _parse(buf, path: Path) -> Header:
     cur = _Cursor(buf)
     cur.pos = 4
     try:
-        version, n_tensors, n_kv = cur.unpack("I"), cur.unpack("Q"), cur.unpack("Q")
-        metadata = {}
-        for _ in range(n_kv):
-            key = cur.string()
-            metadata[key] = cur.value(cur.unpack("I"))
-        tensors = [_tensor(cur) for _ in range(n_tensors)]
-    except (struct.error, KeyError) as e:
-        raise ModelLoadError(f"{path} is truncated or corrupt (bad GGUF header)") from e
-    alignment = int(metadata.get("general.alignment", 32))
-    data_start = -(-cur.pos // alignment) * alignment
-    data_end = max((t.offset + t.n_bytes for t in tensors), default=0)
-    if data_start + data_end > len(buf):
-        raise ModelLoadError(f"{path} is truncated: {len(buf)} bytes, "
-                             f"the header describes {data_start + data_end}")
-    return Header(version, metadata, tensors, cur.pos)
+        return _read(cur, len(buf))
+    except CorruptFile as e:
+        raise ModelLoadError(f"{path} is not a valid GGUF file: {e}") from None
+    except (struct.error, OverflowError):   # a read past the end, or at an offset beyond any file
+        raise ModelLoadError(f"{path} is truncated or corrupt (bad GGUF header)") from None
+
+
+def _read(cur: _Cursor, file_size: int) -> Header:
+    version = cur.unpack("I")
+    if version not in VERSIONS:
+        raise CorruptFile(f"GGUF version {version} (versions 2 and 3 are supported)")
+    n_tensors, n_kv = cur.unpack("Q"), cur.unpack("Q")
+    _check_count("tensors", n_tensors, MAX_TENSORS, cur.remaining() // _MIN_TENSOR_BYTES)
+    _check_count("metadata entries", n_kv, MAX_ENTRIES, cur.remaining() // _MIN_ENTRY_BYTES)
+    metadata, array_offsets = _metadata(cur, n_kv)
+    alignment = _alignment(metadata)
+    tensors = _tensors(cur, n_tensors)
+    data_start = _pad(cur.pos, alignment)
+    data_end = data_start + _check_layout(tensors, alignment)
+    if data_end > file_size:
+        raise CorruptFile(f"it is truncated: {file_size} bytes, the header describes {data_end}")
+    return Header(version, metadata, tensors, cur.pos, array_offsets)
+
+
+def _check_count(what: str, n: int, limit: int, fits: int) -> None:
+    if n > fits:
+        raise CorruptFile(f"it declares {n} {what}, more than its size can hold ({fits})")
+    if n > limit:
+        raise CorruptFile(f"it declares {n} {what}, more than any model has (at most {limit})")
+
+
+def _metadata(cur: _Cursor, n_kv: int) -> tuple[dict[str, object], dict[str, int]]:
+    metadata: dict[str, object] = {}
+    array_offsets: dict[str, int] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        if not key:
+            raise CorruptFile("a metadata key is empty")
+        if key in metadata:
+            raise CorruptFile(f"metadata key {printable(key)} appears twice")
+        vtype = cur.unpack("I")
+        try:
+            if vtype == _ARRAY:
+                etype, n = cur.unpack("I"), cur.unpack("Q")
+                array_offsets[key] = cur.pos
+                metadata[key] = cur.array(etype, n)
+            else:
+                metadata[key] = cur.value(vtype)
+        except CorruptFile as e:
+            raise CorruptFile(f"metadata key {printable(key)}: {e}") from None
+    return metadata, array_offsets
+
+
+def _alignment(metadata: dict[str, object]) -> int:
+    # llama.cpp: a u32, a power of two; anything else and it refuses the file.
+    alignment = metadata.get("general.alignment", 32)
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise CorruptFile(f"general.alignment = {alignment!r} is not a power of two")
+    return alignment
+
+
+def _tensors(cur: _Cursor, n_tensors: int) -> list[Tensor]:
+    tensors, names = [], set()
+    for _ in range(n_tensors):
+        tensor = _tensor(cur)
+        if tensor.name in names:
+            raise CorruptFile(f"tensor {printable(tensor.name)} appears twice")
+        names.add(tensor.name)
+        tensors.append(tensor)
+    return tensors
 
 
 def _tensor(cur: _Cursor) -> Tensor:
-    name = cur.string()
+    try:
+        name = cur.string(limit=MAX_NAME - 1)
+    except CorruptFile as e:
+        raise CorruptFile(f"a tensor name: {e}") from None
     n_dims = cur.unpack("I")
+    if n_dims > MAX_DIMS:
+        raise CorruptFile(f"tensor {printable(name)} has {n_dims} dimensions (at most {MAX_DIMS})")
     shape = tuple(cur.unpack("Q") for _ in range(n_dims))
     n_elements = 1
     for dim in shape:
         n_elements *= dim
-    type_id = cur.unpack("I")
-    offset = cur.unpack("Q")
+    if n_elements > _INT64_MAX or any(dim > _INT64_MAX for dim in shape):
+        raise CorruptFile(f"tensor {printable(name)} has shape {shape}, too large for any machine")
+    type_id, offset = cur.unpack("I"), cur.unpack("Q")
     if type_id not in GGML_TYPES:
-        raise ModelLoadError(f"tensor {name} has a type this version does not know "
-                             f"(ggml type {type_id})")
+        raise CorruptFile(f"tensor {printable(name)} has a type this version does not know "
+                          f"(ggml type {type_id})")
     type_name, block, block_bytes = GGML_TYPES[type_id]
+    if shape and shape[0] % block:
+        raise CorruptFile(f"tensor {printable(name)} has rows of {shape[0]} {type_name} values, not a "
+                          f"multiple of its block of {block}")
     return Tensor(name, type_name, n_elements, n_elements // block * block_bytes, offset, shape)
+
+
+def _check_layout(tensors: list[Tensor], alignment: int) -> int:
+    """Bytes of the data section. As llama.cpp requires, each tensor starts where the one before
+    ends, padded to the alignment: no overlap, no gap, nothing outside the file."""
+    size = 0
+    for t in tensors:
+        if t.offset != size:
+            raise CorruptFile(f"tensor {printable(t.name)} starts at data offset {t.offset}, expected {size}")
+        size += _pad(t.n_bytes, alignment)
+    return size
+
+
+def _pad(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment

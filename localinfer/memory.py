@@ -107,7 +107,8 @@ def facts_from_header(header: Header, file_size: int) -> ModelFacts:
     n_head_kv = _per_layer(key("attention.head_count_kv", key("attention.head_count", 1)), n_layer)
     head_k = key("attention.key_length")
     head_v = key("attention.value_length")
-    kv_dims = tuple(kv * (int(head_k or n_embd // h) + int(head_v or n_embd // h))
+    # A model without attention (Mamba, RWKV) has 0 heads, and no KV cache to size.
+    kv_dims = tuple(kv * (int(head_k or n_embd // h) + int(head_v or n_embd // h)) if h else 0
                     for kv, h in zip(n_head_kv, n_head))
     window = int(key("attention.sliding_window", 0) or 0)
     return ModelFacts(

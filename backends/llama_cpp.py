@@ -19,7 +19,7 @@ import numpy as np
 from localinfer.backends import Backend, LoadOptions
 from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
-from localinfer.gguf_header import read_header
+from localinfer.gguf_checks import check_model
 
 DEFAULT_MAX_CTX = 4096        # n_ctx=0 means the trained context, capped here to keep the KV cache small
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
@@ -165,7 +165,9 @@ class LlamaCppSession(GGUFVocabulary):
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
         lib = _lib()
-        read_header(path)   # clear errors for non-GGUF and truncated files before llama.cpp sees them
+        # Clear errors for non-GGUF, truncated and damaged files, and for the values llama.cpp
+        # would abort the process on, before llama.cpp sees the file.
+        check_model(path)
         self._path, self._options = path, options
         log = _init(options.verbose)
         mparams = lib.llama_model_default_params()

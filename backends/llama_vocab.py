@@ -10,12 +10,14 @@ from pathlib import Path
 
 from localinfer.backends.llama_cpp import GGUFVocabulary, _init, _lib
 from localinfer.errors import ModelLoadError
+from localinfer.gguf_checks import check_model
 
 
 class LlamaVocab(GGUFVocabulary):
     """Tokenizer, detokenizer and metadata of one GGUF file (llama.cpp `vocab_only` load)."""
 
     def __init__(self, path: Path, *, verbose: bool = False) -> None:
+        check_model(path)        # what llama.cpp's vocabulary loader would abort on
         lib = _lib()
         log = _init(verbose)
         params = lib.llama_model_default_params()

@@ -7,7 +7,8 @@ import sys
 from collections import Counter
 
 from localinfer import console
-from localinfer.gguf_header import ArrayInfo, read_header
+from localinfer.gguf_checks import check_model
+from localinfer.gguf_header import ArrayInfo
 from localinfer.runner import ModelRef
 from localinfer.store import Store
 
@@ -42,7 +43,7 @@ def memory_table(path) -> dict[str, dict[str, int]]:
 
 
 def _from_header(path) -> dict:
-    header = read_header(path)
+    header = check_model(path)      # a damaged file is reported as such, not described
     meta = header.metadata
     arch = str(meta.get("general.architecture", "unknown"))
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from localinfer.gguf_header import ArrayInfo, Header, read_header
+from localinfer.gguf_checks import checked_header
+from localinfer.gguf_header import ArrayInfo, Header
 
 MIB = 1 << 20
 # Measured on the build machine (x86-64, Python 3.11, llama-cpp-python 0.3.36, typer 0.28): peak
@@ -91,7 +92,8 @@ class Estimate:
 
 # -- facts from a GGUF header ----------------------------------------------------------------------
 def facts_from_file(path: Path) -> ModelFacts:
-    return facts_from_header(read_header(path), path.stat().st_size)
+    # Checked: block_count, head counts and sizes are whole numbers in llama.cpp's ranges.
+    return facts_from_header(checked_header(path), path.stat().st_size)
 
 
 def facts_from_header(header: Header, file_size: int) -> ModelFacts:

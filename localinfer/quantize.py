@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from localinfer.errors import LocalinferError, UsageError
+from localinfer.gguf_checks import checked_header
 from localinfer.gguf_header import BLOCK_SIZES, Header, read_header
 from localinfer.store import temp_path, to_safe_name
 
@@ -84,7 +85,7 @@ _TARGET = re.compile(r"->.*\((\w+)\)\s*$")
 def plan(src: Path, qtype: str, *, imatrix: Imatrix | None = None) -> QuantPlan:
     """Exact outcome of quantizing `src` to `qtype`, without writing anything."""
     from localinfer.backends import llama_quantize
-    header = read_header(src)
+    header = checked_header(src)     # what the quantizer would abort on, refused first
     targets: dict[str, str] = {}
     needs_imatrix = [False]
 
@@ -167,7 +168,7 @@ def quantize_file(src: Path, dst: Path, qtype: str, *, threads: int = 0,
     """
     qtype = parse_type(qtype)
     src, dst = Path(src), Path(dst)
-    header = read_header(src)       # a clear line for a non-GGUF or truncated input
+    header = checked_header(src)    # a clear line for a damaged input, before llama.cpp aborts on it
     _check_paths(src, dst, force=force)
     if imatrix is not None:
         check_imatrix(imatrix, header)

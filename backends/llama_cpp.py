@@ -180,7 +180,7 @@ class LlamaCppSession(GGUFVocabulary):
         n_ctx = options.n_ctx or min(trained, DEFAULT_MAX_CTX)
         self._ctx = self._new_context(options, n_ctx)
         if not self._ctx:
-            lib.llama_model_free(self._model)
+            self.close()     # frees the model, once: __del__ calls close() again
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {log.last_error()}")
         self.threadpool = attach_shared_pool(self._ctx, self.n_threads)   # address, or None
         self.n_ctx = lib.llama_n_ctx(self._ctx)

@@ -6,6 +6,7 @@ so lazily, so `localinfer --help` stays fast and works without any engine instal
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
@@ -14,6 +15,13 @@ if TYPE_CHECKING:          # numpy only for the annotations: `localinfer quantiz
     import numpy as np
 
 from localinfer.errors import UsageError
+
+# When llama.cpp aborts (a failed GGML_ASSERT, an uncaught C++ exception), ggml forks gdb to print a
+# backtrace, and gdb writes ~12 KB of it to our stdout, which carries only the answer. ggml skips the
+# backtrace when this variable is set, and reads it once as its library loads (ggml.cpp) and again
+# at each abort (ggml.c): so it is set here, before any backend module loads an engine library,
+# rather than read through settings. The abort's own one-line message still goes to stderr.
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from localinfer import console, runner, settings, shell_io
+from localinfer import console, limits, runner, settings, shell_io
 from localinfer.backends import BACKEND_CHOICES, LoadOptions
 from localinfer.errors import (EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError,
                                UsageError)
@@ -83,6 +83,23 @@ def _kv_type_option():
                         "when that is what fits).")
 
 
+def _threads_option(help_text: str = "CPU threads; 0 = physical cores."):
+    return typer.Option(0, "--threads", "-t", callback=_check_threads, help=help_text)
+
+
+def _check_threads(value: int) -> int:
+    # Past the CPUs ggml's spinning threads crawl, past 512 llama.cpp overruns or aborts (limits).
+    top = limits.max_threads()
+    if not 0 <= value <= top:
+        raise typer.BadParameter(f"must be 0 (automatic) to {top} (the CPUs this "
+                                 f"machine has), not {value}")
+    return value
+
+
+def _ctx_option(default: int, minimum: int, help_text: str):
+    return typer.Option(default, "--ctx", "-c", min=minimum, max=limits.MAX_CTX, help=help_text)
+
+
 def _check_backend(backend: str) -> None:
     if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
         raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
@@ -117,8 +134,8 @@ def run(
     max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1,
                                    help="Stop after this many tokens; -1 = until the model ends."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
-    ctx: int = typer.Option(0, "--ctx", "-c", min=0, help="Context length; 0 = model's, up to 4096."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    ctx: int = _ctx_option(0, 0, "Context length; 0 = model's, up to 4096."),
+    threads: int = _threads_option(),
     backend: str = _backend_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download; fail if not on disk."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings and engine logs on stderr."),
@@ -189,8 +206,8 @@ def chat(
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; -1 (or none given) "
                                        "draws a new one each run."),
     max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1, help="Per reply; -1 = no limit."),
-    ctx: int = typer.Option(0, "--ctx", "-c", min=0, help="Context length; 0 = model's, up to 4096."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    ctx: int = _ctx_option(0, 0, "Context length; 0 = model's, up to 4096."),
+    threads: int = _threads_option(),
     backend: str = _backend_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
@@ -284,10 +301,12 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
 @app.command()
 def bench(
     model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
-    n_prompt: int = typer.Option(512, "--prompt-tokens", "-p", min=1, help="Prefill length."),
-    n_gen: int = typer.Option(128, "--gen-tokens", "-n", min=2, help="Tokens to decode."),
+    n_prompt: int = typer.Option(512, "--prompt-tokens", "-p", min=1, max=limits.MAX_CTX // 2,
+                                 help="Prefill length."),
+    n_gen: int = typer.Option(128, "--gen-tokens", "-n", min=2, max=limits.MAX_CTX // 2,
+                              help="Tokens to decode."),
     repetitions: int = typer.Option(5, "--repetitions", "-r", min=1, help="Runs per test."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    threads: int = _threads_option(),
     backend: str = _backend_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -328,7 +347,7 @@ def quantize_cmd(
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", help="Importance matrix (IQ1/IQ2 need one)."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize",
                                           help="Quantize an already quantized model (loses quality)."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="Threads; 0 = all hardware threads."),
+    threads: int = _threads_option("Threads; 0 = all hardware threads."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the exact size and memory; write nothing."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
     offline: bool = typer.Option(False, "--offline", help="Never download the source."),
@@ -361,9 +380,9 @@ def eval_cmd(
                                             "variant of the same model: adds mean KL and top-1 agreement."),
     text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to score (default: chapters "
                                         "I-III of Alice's Adventures in Wonderland)."),
-    ctx: int = typer.Option(512, "--ctx", "-c", min=16, help="Chunk length, as llama-perplexity -c."),
+    ctx: int = _ctx_option(512, 16, "Chunk length, as llama-perplexity -c."),
     chunks: int = typer.Option(0, "--chunks", min=0, help="Score at most this many chunks; 0 = all."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    threads: int = _threads_option(),
     backend: str = _backend_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -403,9 +422,9 @@ def frontier_cmd(
     model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
     types: list[str] = typer.Option([], "--types", help="Types to compare (repeatable; default: "
                                     "Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0 Q3_K_M Q2_K)."),
-    ctx: int = typer.Option(512, "--ctx", "-c", min=16, help="Chunk length for the quality measures."),
+    ctx: int = _ctx_option(512, 16, "Chunk length for the quality measures."),
     chunks: int = typer.Option(4, "--chunks", min=1, help="Chunks of the default text to score."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads; 0 = physical cores."),
+    threads: int = _threads_option(),
     offline: bool = typer.Option(False, "--offline", help="Never download."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw quality against speed and "

@@ -1,10 +1,10 @@
 """What llama.cpp asserts on rather than refuses, checked before a GGUF file reaches it.
 
-llama.cpp's GGUF reader refuses a malformed file with an error, but its model and vocabulary loaders
-check a few values with GGML_ASSERT, which aborts the whole process (exit 134). So such a file ends
-in one ModelLoadError line instead: `check_model` before llama.cpp loads a model or its vocabulary
-(and for `info`), `checked_header` (the same without the vocabulary scan) before the quantizer, which
-reads no vocabulary, and before our own memory estimate computes with the hyper-parameters.
+llama.cpp's GGUF reader refuses a malformed file with an error, but its model and vocabulary
+loaders check a few values with GGML_ASSERT, which aborts the whole process (exit 134). So such a
+file ends in one ModelLoadError line instead: `check_model` before llama.cpp loads a model or its
+vocabulary (and for `info`), `checked_header` (the same without the vocabulary scan) before the
+quantizer, which reads no vocabulary, and before our memory estimate computes with the values.
 References are to the llama.cpp vendored in llama-cpp-python 0.3.36.
 
 Hyper-parameters that disagree with tensor shapes are left to llama.cpp: it compares every tensor it
@@ -20,13 +20,13 @@ import struct
 from pathlib import Path
 
 from localinfer.errors import ModelLoadError
-from localinfer.gguf_header import (ArrayInfo, CorruptFile, Header, file_identity, printable,
-                                    read_header)
+from localinfer.gguf_header import (ArrayInfo, CorruptFile, Header, TextInfo, file_identity,
+                                    printable, read_header)
 
 MAX_LAYERS = 512                  # LLAMA_MAX_LAYERS (src/llama-hparams.h)
 MAX_EXPERTS = 1024                # LLAMA_MAX_EXPERTS
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")   # LLAMA_ROPE_SCALING_TYPES
-# Keys our own code computes with (memory estimate, info): whole numbers, or per layer a list of them.
+# Keys our own code computes with (memory estimate, info): whole numbers, or one per layer.
 _COUNTS = ("block_count", "context_length", "embedding_length", "attention.key_length",
            "attention.value_length", "attention.sliding_window", "expert_count")
 _PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
@@ -69,12 +69,14 @@ def _refusal(path: Path, reason: str) -> ModelLoadError:
                           "made for llama.cpp)")
 
 
-# -- hyper-parameters -------------------------------------------------------------------------------
+# -- hyper-parameters ------------------------------------------------------------------------------
 def check_hparams(meta) -> int:
     """The number of layers, after checking the values llama.cpp's load_hparams asserts on."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch.isprintable() or len(arch) > 64:
         raise CorruptFile("general.architecture is missing or not a name")
+    if not isinstance(meta.get("general.name", ""), str):     # info shows it
+        raise CorruptFile("general.name is not a name")
     for name in _COUNTS:
         _count(meta, f"{arch}.{name}")
     n_layer = _count(meta, f"{arch}.block_count")
@@ -92,7 +94,7 @@ def check_hparams(meta) -> int:
         raise CorruptFile(f"{arch}.nextn_predict_layers is {nextn}, more than its {n_layer} layers")
     # GGML_ASSERT(rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED): an unknown name.
     scaling = meta.get(f"{arch}.rope.scaling.type")
-    if isinstance(scaling, str) and scaling not in ROPE_SCALING_TYPES:
+    if scaling is not None and scaling not in ROPE_SCALING_TYPES:
         raise CorruptFile(f"{arch}.rope.scaling.type is {_show(scaling)}, not one of "
                           f"{', '.join(ROPE_SCALING_TYPES)}")
     check_experts(meta, arch)
@@ -144,10 +146,12 @@ def _per_layer(meta, key: str, n_layer: int) -> None:
 def _show(value) -> str:
     if isinstance(value, (list, ArrayInfo)):
         return "an array"
+    if isinstance(value, TextInfo):
+        return f"a text of {value.length} bytes"
     return repr(value) if not isinstance(value, str) else repr(printable(value, 40))
 
 
-# -- tensors ------------------------------------------------------------------------------------------
+# -- tensors ---------------------------------------------------------------------------------------
 def check_tensors(header: Header) -> None:
     # llama-model-loader.cpp create_tensor: GGML_ASSERT(ne[dim] >= 1) once the file's shape has
     # matched the expected one; the GGUF reader itself lets a zero dimension through.
@@ -157,7 +161,7 @@ def check_tensors(header: Header) -> None:
                               "dimension")
 
 
-# -- vocabulary ---------------------------------------------------------------------------------------
+# -- vocabulary ------------------------------------------------------------------------------------
 def check_special_tokens(meta, n_vocab: int | None) -> None:
     """Every special token id (bos, eos, eot, pad, ...) names a token of the vocabulary.
 

@@ -42,21 +42,28 @@ _STRING, _ARRAY = 8, 9
 # bounded too, so a file of many short arrays cannot make the reader hold many Python objects.
 _KEEP_ARRAY = 512
 _KEEP_ELEMENTS = 1 << 16
+# Text is decoded into Python strings of up to 4 bytes a character (and the decoder's "replace" path
+# needs more while it works: 650 MB for a 107 MB string). A string value longer than _LONG_TEXT is
+# left in the file as TextInfo (the longest real ones, chat templates, are tens of KB), and keys and
+# string values together may decode to _KEEP_TEXT bytes of the file at most.
+_LONG_TEXT = 1 << 20
+_KEEP_TEXT = 8 << 20
 _U64 = struct.Struct("<Q").unpack_from
 
 # Limits, as llama.cpp's own GGUF reader (ggml/src/gguf.cpp) enforces them, or tighter where a
 # count from the file would otherwise decide how much memory this reader takes.
-VERSIONS = (2, 3)                 # GGUFv1 had 32-bit counts; llama.cpp refuses it, and anything newer
+VERSIONS = (2, 3)                 # llama.cpp refuses GGUFv1 (32-bit counts) and anything newer
 MAX_DIMS = 4                      # GGML_MAX_DIMS
 MAX_NAME = 64                     # GGML_MAX_NAME: a tensor name must be shorter
 MAX_STRING = 1 << 30              # GGUF_MAX_STRING_LENGTH
+MAX_KEY = (1 << 16) - 1           # the GGUF specification's limit on a key's length
 # Each tensor and entry becomes a Python object here, and a ggml one in llama.cpp: a count beyond
 # these is a corrupt file, not a model (512 layers, LLAMA_MAX_LAYERS, of at most 128 tensors each;
 # real models have up to a few thousand tensors and a few dozen entries).
 MAX_TENSORS = 1 << 16
 MAX_ENTRIES = 1 << 16
 _MIN_ENTRY_BYTES = 8 + 1 + 4 + 1          # key length, a key of one byte, value type, a u8 value
-_MIN_TENSOR_BYTES = 8 + 1 + 4 + 4 + 8     # name length, one byte of name, n_dims, type, offset
+_MIN_TENSOR_BYTES = 8 + 4 + 4 + 8         # name length, n_dims, type, offset (a name may be empty)
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -73,10 +80,10 @@ class Tensor:
 @dataclass(frozen=True)
 class Header:
     version: int
-    metadata: dict[str, object]     # long arrays appear as ArrayInfo
+    metadata: dict[str, object]     # long arrays appear as ArrayInfo, long strings as TextInfo
     tensors: list[Tensor]
     header_size: int = 0            # bytes of metadata and tensor infos, before alignment padding
-    # File offset of the first element of each array value, for checks that read one (the vocabulary).
+    # File offset of each array's first element, for checks that read one (the vocabulary).
     array_offsets: dict[str, int] = field(default_factory=dict)
 
 
@@ -86,12 +93,17 @@ class ArrayInfo:
     element_type: int = _STRING     # GGUF value type of the elements
 
 
+@dataclass(frozen=True)
+class TextInfo:
+    length: int                     # bytes of UTF-8 in the file, not decoded
+
+
 class CorruptFile(Exception):
     """What is wrong with a file, in words for the user; the caller names the file."""
 
 
 def printable(text: str, limit: int = 60) -> str:
-    """A name read from a file, fit for a one-line message: control characters escaped, cut short."""
+    """A name from a file, fit for a one-line message: control characters escaped, cut short."""
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("..." if len(text) > limit else "")
 
@@ -100,6 +112,7 @@ class _Cursor:
     def __init__(self, buf) -> None:
         self.buf, self.pos = buf, 0
         self.kept = 0             # array elements kept so far (see _KEEP_ELEMENTS)
+        self.text = 0             # bytes of keys and string values decoded so far (_KEEP_TEXT)
 
     def remaining(self) -> int:
         return len(self.buf) - self.pos
@@ -109,20 +122,38 @@ class _Cursor:
         self.pos += struct.calcsize("<" + fmt)
         return values[0] if len(values) == 1 else values
 
-    def string(self, limit: int = MAX_STRING) -> str:
+    def string(self, limit: int = MAX_STRING, *, counted: bool = True) -> str:
+        """A string decoded (counted against _KEEP_TEXT unless a tensor name, <64 bytes)."""
+        n = self._length(limit)
+        if counted:
+            self.text += n
+            if self.text > _KEEP_TEXT:
+                raise CorruptFile(f"more than {_KEEP_TEXT >> 20} MiB of metadata text")
+        # Decoded straight from the file's pages, without a copy of the bytes first.
+        text = str(memoryview(self.buf)[self.pos:self.pos + n], "utf-8", "replace")
+        self.pos += n
+        return text
+
+    def text_value(self) -> str | TextInfo:
+        start = self.pos
+        n = self._length(MAX_STRING)
+        if n <= _LONG_TEXT:
+            self.pos = start
+            return self.string()
+        self.pos += n
+        return TextInfo(n)
+
+    def _length(self, limit: int) -> int:
         n = self.unpack("Q")
         if n > self.remaining():
             raise CorruptFile(f"a string of {n} bytes runs past the end of the file")
         if n > limit:
             raise CorruptFile(f"a string of {n} bytes, longer than the {limit} allowed")
-        # Decoded straight from the file's pages: one copy, however long the string.
-        text = str(memoryview(self.buf)[self.pos:self.pos + n], "utf-8", "replace")
-        self.pos += n
-        return text
+        return n
 
     def value(self, vtype: int):
         if vtype == _STRING:
-            return self.string()
+            return self.text_value()
         if vtype == _ARRAY:
             return self.array(self.unpack("I"), self.unpack("Q"))
         if vtype not in _SCALARS:
@@ -225,7 +256,10 @@ def _metadata(cur: _Cursor, n_kv: int) -> tuple[dict[str, object], dict[str, int
     metadata: dict[str, object] = {}
     array_offsets: dict[str, int] = {}
     for _ in range(n_kv):
-        key = cur.string()
+        try:
+            key = cur.string(MAX_KEY)
+        except CorruptFile as e:
+            raise CorruptFile(f"a metadata key: {e}") from None
         if not key:
             raise CorruptFile("a metadata key is empty")
         if key in metadata:
@@ -264,7 +298,7 @@ def _tensors(cur: _Cursor, n_tensors: int) -> list[Tensor]:
 
 def _tensor(cur: _Cursor) -> Tensor:
     try:
-        name = cur.string(limit=MAX_NAME - 1)
+        name = cur.string(MAX_NAME - 1, counted=False)
     except CorruptFile as e:
         raise CorruptFile(f"a tensor name: {e}") from None
     n_dims = cur.unpack("I")
@@ -282,8 +316,8 @@ def _tensor(cur: _Cursor) -> Tensor:
                           f"(ggml type {type_id})")
     type_name, block, block_bytes = GGML_TYPES[type_id]
     if shape and shape[0] % block:
-        raise CorruptFile(f"tensor {printable(name)} has rows of {shape[0]} {type_name} values, not a "
-                          f"multiple of its block of {block}")
+        raise CorruptFile(f"tensor {printable(name)} has rows of {shape[0]} {type_name} values, "
+                          f"not a multiple of its block of {block}")
     return Tensor(name, type_name, n_elements, n_elements // block * block_bytes, offset, shape)
 
 
@@ -293,7 +327,8 @@ def _check_layout(tensors: list[Tensor], alignment: int) -> int:
     size = 0
     for t in tensors:
         if t.offset != size:
-            raise CorruptFile(f"tensor {printable(t.name)} starts at data offset {t.offset}, expected {size}")
+            raise CorruptFile(f"tensor {printable(t.name)} starts at data offset {t.offset}, "
+                              f"expected {size}")
         size += _pad(t.n_bytes, alignment)
     return size
 

@@ -23,7 +23,16 @@ from localinfer.gguf_checks import check_model
 
 DEFAULT_MAX_CTX = 4096        # n_ctx=0 means the trained context, capped here to keep the KV cache small
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
-_GGML_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}    # ggml_type ids for type_k / type_v
+# --kv-type -> ggml_type ids of (K, V). The 16-bit cache keeps K in bf16, not f16: ggml's CPU
+# flash attention gives one query row a KV-split kernel once 512 or more cells are in view, and a
+# 64-row batch a tiled one, but only when K is f16 (or f32) and V the same type. Otherwise every
+# row takes the row-by-row kernel, so a single decode step and a row of a verification batch
+# compute the same bits at any context length: what exact speculation and the prompt cache rest
+# on. Same size and quality; prefill of long prompts is slower (docs/speculative-decoding.md).
+# GPU builds keep f16 K: their attention kernels are instantiated for like K and V types, and the
+# exactness probe measures what their batches do.
+_GGML_KV_TYPES = {"f16": (30, 1), "q8_0": (8, 8), "q4_0": (2, 2)}
+_GGML_F16 = 1
 
 
 def _lib():
@@ -169,6 +178,7 @@ class LlamaCppSession(GGUFVocabulary):
         # would abort the process on, before llama.cpp sees the file.
         check_model(path)
         self._path, self._options = path, options
+        self.kv_type = options.kv_type      # part of the exactness probe's key
         log = _init(options.verbose)
         mparams = lib.llama_model_default_params()
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
@@ -213,10 +223,10 @@ class LlamaCppSession(GGUFVocabulary):
         # Keep every sliding-window layer's cache full size (Gemma 3): only then can KV entries be
         # trimmed and a saved state be cut short and continued (the prompt cache relies on both).
         cparams.swa_full = True
-        if options.kv_type != "f16":
-            # A quantized V cache is only read by the flash-attention kernels: turn them on.
-            cparams.type_k = cparams.type_v = _GGML_KV_TYPES[options.kv_type]
-            cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cparams.type_k, cparams.type_v = kv_cache_types(options.kv_type)
+        # Flash attention, always: the kernels that read a quantized V cache, and the ones whose
+        # row-by-row path is batch-invariant (see _GGML_KV_TYPES).
+        cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
         return lib.llama_init_from_model(self._model, cparams)
 
     def _new_batch(self, size: int):
@@ -316,7 +326,7 @@ class LlamaCppSession(GGUFVocabulary):
         return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
                 "n_batch": self.n_batch, "n_ubatch": _lib().llama_n_ubatch(self._ctx),
-                "kv_type": self._options.kv_type, "swa_full": True}
+                "kv_types": list(kv_cache_types(self._options.kv_type)), "swa_full": True}
 
     def restore(self, blob: bytes, n_past: int) -> None:
         lib = _lib()
@@ -343,6 +353,14 @@ class LlamaCppSession(GGUFVocabulary):
             self.close()
         except Exception:
             pass
+
+
+def kv_cache_types(kv_type: str) -> tuple[int, int]:
+    """ggml_type ids of the K and V cache for --kv-type on this build (see _GGML_KV_TYPES)."""
+    k, v = _GGML_KV_TYPES[kv_type]
+    if kv_type == "f16" and _lib().llama_supports_gpu_offload():
+        k = _GGML_F16
+    return k, v
 
 
 def default_threads() -> int:

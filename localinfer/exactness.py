@@ -2,16 +2,21 @@
 
 Speculative decoding promises the target's own output. That holds only if verifying k drafted tokens
 in one batch computes the same logits as k single decode steps would. On llama.cpp's CPU path it
-does up to a model-dependent size and not beyond: some matrix kernels switch to a differently
-accumulated variant for larger batches (measured here: Gemma 3 270M Q4_K_M with repacked weights
-differs from 4 tokens on, in 0.7 % of greedy choices; SmolLM2 with flash attention never does).
-So we measure it once per model file and engine and verify drafts in chunks of at most that size.
+does up to a model-dependent size and not beyond: the repacked matrix kernels treat batch rows in
+groups of 4 (Gemma 3 270M Q4_K_M differs from 4 tokens on) and the tiled K-quant kernels take
+batches of 8 rows or more. Attention can depend on the context length as well (ggml's flash
+attention splits one query's KV range across threads once 512 cells are in view; the llama.cpp
+backend picks cache types that keep it off that path, see backends/llama_cpp.py), so the probe
+compares at a short and at a long position. Measured once per model file and engine; drafts are
+verified in chunks of at most that size, and a result of 1 means no batch is exact: no drafting.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
@@ -19,32 +24,56 @@ import numpy as np
 
 from localinfer.backends import Session
 
-PROBE_TEXT = ("Speculative decoding checks several guessed tokens at once; the answer must not "
-              "change. The quick brown fox jumps over the lazy dog, 42 times in 1024 ways.")
-PROBE_PREFIX = 4        # evaluated as a prefill before the compared positions
+PROBE_VERSION = 2       # part of the cache key: probes made by an earlier rule are made again
+SHORT_PREFIX = 4        # a prefill of this many tokens before the first compared positions
+LONG_PREFIX = 320       # ... and of this many: llama.cpp then views 512 cells (it pads to 256)
 MAX_PROBED = 8          # the largest batch probed; drafts longer than this are verified in chunks
+PROBED_POSITIONS = 16   # positions compared after each prefix
+
+
+def probe_tokens(session: Session) -> list[int]:
+    """The probe's text: the start of the bundled `eval` text, enough for the long prefix."""
+    text = resources.files("localinfer").joinpath("data", "alice_ch1-3.txt").read_text("utf-8")
+    return session.tokenize(text[:4000], special=False)
 
 
 def probe(session: Session, tokens: Sequence[int], limit: int = MAX_PROBED) -> int:
-    """The largest b ≤ limit such that evaluating in batches of 2..b matches single steps exactly.
+    """The largest b ≤ limit such that batches of 2..b match single steps exactly, at every prefix.
 
     Leaves the session's KV cache empty.
     """
-    prefix, rest = list(tokens[:PROBE_PREFIX]), list(tokens[PROBE_PREFIX:])
-    session.reset()
-    session.eval(prefix)
-    reference = np.stack([session.eval([t]).copy() for t in rest])
-    exact = 1
-    for size in range(2, limit + 1):
-        session.reset()
-        session.eval(prefix)
-        rows = [session.eval(rest[i:i + size], logits="all").copy()
-                for i in range(0, len(rest), size)]
-        if not np.array_equal(np.concatenate(rows), reference):
+    exact = limit
+    longest = min(len(tokens), session.n_ctx) - PROBED_POSITIONS
+    for prefix in (SHORT_PREFIX, min(LONG_PREFIX, longest)):
+        if prefix < 1 or exact < 2:
             break
-        exact = size
+        exact = _probe_at(session, tokens[:prefix + PROBED_POSITIONS], prefix, exact)
     session.reset()
     return exact
+
+
+def _probe_at(session: Session, tokens: Sequence[int], prefix: int, limit: int) -> int:
+    """`probe` after one prefix; rows are compared by digest, so no vocabulary-wide copies pile up."""
+    head, rest = list(tokens[:prefix]), list(tokens[prefix:])
+    session.reset()
+    session.eval(head)
+    reference = [_digest(session.eval([t])) for t in rest]
+    exact = 1
+    for size in range(2, limit + 1):
+        if not session.trim(prefix):
+            session.reset()
+            session.eval(head)
+        digests = []
+        for i in range(0, len(rest), size):
+            digests.extend(_digest(row) for row in session.eval(rest[i:i + size], logits="all"))
+        if digests != reference:
+            break
+        exact = size
+    return exact
+
+
+def _digest(row: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(row).tobytes(), digest_size=16).digest()
 
 
 def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Path) -> int:
@@ -53,8 +82,7 @@ def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Pa
     known = _read(cache_file)
     if key in known:
         return int(known[key])
-    tokens = session.tokenize(PROBE_TEXT, special=False)
-    value = probe(session, tokens)
+    value = probe(session, probe_tokens(session))
     known[key] = value
     _write(cache_file, known)
     return value
@@ -64,7 +92,9 @@ def _key(session: Session, path: Path, backend: str) -> str:
     stat = path.stat()
     engine = getattr(session, "engine_version", "")
     threads = getattr(session, "n_threads", 0)
-    return f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{backend}{engine}|t{threads}"
+    kv = getattr(session, "kv_type", "")
+    return (f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{backend}{engine}|t{threads}"
+            f"|kv{kv}|p{PROBE_VERSION}")
 
 
 def _read(cache_file: Path) -> dict:

@@ -65,11 +65,16 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+OPT_IN_MARKERS = ("fuzz", "exhaustive")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long fuzz runs are opt-in: they run only when `-m` names the `fuzz` marker."""
-    if "fuzz" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="a long fuzz run: select it with `pytest -m fuzz`")
-    for item in items:
-        if "fuzz" in item.keywords:
-            item.add_marker(skip)
+    """Long fuzz runs and exhaustive sweeps are opt-in: they run only when `-m` names them."""
+    chosen = config.getoption("-m") or ""
+    for marker in OPT_IN_MARKERS:
+        if marker in chosen:
+            continue
+        skip = pytest.mark.skip(reason=f"opt-in: select it with `pytest -m {marker}`")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,151 @@
+"""Exactness where it is most likely to break: long contexts and every weight type we make.
+
+Speculative output must equal plain output token for token, and a warm prompt cache must continue
+as a cold run, past the point (256 tokens) where llama.cpp views 512 KV cells and ggml's CPU flash
+attention used to switch single decode steps to a different kernel than verification batches.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from localinfer import drafting, exactness, quantize, runner
+from localinfer.backends import LoadOptions, llama_cpp
+from localinfer.decode import Generation, KVCache, Limits
+from localinfer.drafters import PromptLookup
+from localinfer.sampling import SamplingParams, make_sampler
+
+from test_prompt_cache import _generate, _prompts, _store
+
+GREEDY = SamplingParams(temperature=0)
+OPTIONS = LoadOptions(n_ctx=4096)
+CODE = inspect.getsource(json.dumps)          # the issue's reproduction: 700 tokens of code
+DOC = (Path(__file__).resolve().parents[1] / "localinfer/data/alice_ch1-3.txt").read_text("utf-8")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_home(in_models_home):
+    yield
+
+
+class Variants:
+    """Both real models as shipped, and the Q8_0 and Q4_0 files `quantize` makes of them (made on
+    first use: `smollm-Q8_0` is the SmolLM2 file quantized to Q8_0)."""
+
+    def __init__(self, shipped: dict[str, Path], workdir: Path) -> None:
+        self.files, self.workdir = dict(shipped), workdir
+
+    def __getitem__(self, key: str) -> Path:
+        if key not in self.files:
+            name, quant = key.split("-")
+            dst = self.workdir / f"{key}.gguf"
+            quantize.quantize_file(self.files[name], dst, quant, allow_requantize=True)
+            self.files[key] = dst
+        return self.files[key]
+
+
+@pytest.fixture(scope="module")
+def variants(smollm_path, gemma_path, tmp_path_factory) -> Variants:
+    return Variants({"smollm": smollm_path, "gemma": gemma_path},
+                    tmp_path_factory.mktemp("variants"))
+
+
+def _load(path: Path) -> runner.LoadedModel:
+    ref = runner.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return runner.load(ref, path, backend="auto", options=OPTIONS)
+
+
+def _prompt(loaded: runner.LoadedModel, text: str) -> list[int]:
+    if loaded.session.chat_template:
+        return runner.chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return runner.raw_tokens(loaded.session, text)
+
+
+def _same_as_plain(loaded: runner.LoadedModel, prompt: list[int], limits: Limits, drafter) -> None:
+    plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
+    plain_text = "".join(plain)
+    # Not adaptive: draft every round, so long contexts see verification batches all the time.
+    spec = drafting.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
+                               max_draft=6, adaptive=False)
+    assert "".join(spec) == plain_text
+    assert spec.tokens == plain.tokens
+    assert spec.stats.drafted > 0
+
+
+def _long_prompts(loaded: runner.LoadedModel) -> dict[str, tuple[list[int], Limits]]:
+    """A prompt that crosses 256 tokens while generating, and one of over 1,000 tokens."""
+    crossing = _prompt(loaded, CODE[:600] + "\n\nRewrite the code above with type hints.")
+    long = _prompt(loaded, DOC[:5000] + "\n\nRetell the passage above in a few sentences.")
+    assert len(crossing) < 256 and len(long) > 1000
+    return {"crossing": (crossing, Limits(max_tokens=256 - len(crossing) + 32, ignore_eos=True)),
+            "long": (long, Limits(max_tokens=24, ignore_eos=True))}
+
+
+EXHAUSTIVE = pytest.mark.exhaustive
+
+
+@pytest.mark.parametrize("model", ["smollm", "gemma", "smollm-Q8_0",
+                                   pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
+                                   pytest.param("smollm-Q4_0", marks=EXHAUSTIVE),
+                                   pytest.param("gemma-Q4_0", marks=EXHAUSTIVE)])
+def test_prompt_lookup_equals_plain_past_256_tokens_on_every_type(variants, model):
+    loaded = _load(variants[model])
+    try:
+        for prompt, limits in _long_prompts(loaded).values():
+            _same_as_plain(loaded, prompt, limits, PromptLookup())
+    finally:
+        loaded.session.close()
+
+
+@pytest.mark.parametrize("model", ["smollm", pytest.param("gemma", marks=EXHAUSTIVE)])
+def test_self_draft_equals_plain_past_256_tokens(variants, model):
+    loaded = _load(variants[model])
+    drafter = drafting.open_drafter("self", loaded, options=OPTIONS, offline=True, notify=print)
+    try:
+        for prompt, limits in _long_prompts(loaded).values():
+            _same_as_plain(loaded, prompt, limits, drafter)
+    finally:
+        drafter.close()
+        loaded.session.close()
+
+
+@pytest.mark.parametrize("model", ["smollm", "gemma", "smollm-Q8_0", "gemma-Q4_0"])
+def test_probe_finds_exact_batches_at_long_positions(variants, model):
+    loaded = _load(variants[model])
+    try:
+        assert exactness.probe(loaded.session, exactness.probe_tokens(loaded.session)) >= 2
+    finally:
+        loaded.session.close()
+
+
+def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
+    # f16 K and V (llama.cpp's default) put one-token steps past 256 tokens on the KV-split flash
+    # attention kernel: no batch is exact there, and the probe must say so (1 = no drafting).
+    monkeypatch.setitem(llama_cpp._GGML_KV_TYPES, "f16", (1, 1))
+    loaded = _load(smollm_path)
+    try:
+        tokens = exactness.probe_tokens(loaded.session)
+        assert exactness.probe(loaded.session, tokens[:exactness.SHORT_PREFIX + 16]) == 8
+        assert exactness.probe(loaded.session, tokens) == 1
+    finally:
+        loaded.session.close()
+
+
+@pytest.mark.parametrize("model", ["smollm-Q8_0", "gemma-Q4_0",
+                                   pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
+                                   pytest.param("smollm-Q4_0", marks=EXHAUSTIVE)])
+def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, tmp_path):
+    session = llama_cpp.LlamaCppSession(variants[model], LoadOptions(n_ctx=2048))
+    try:
+        prompt, _ = _prompts(session)           # 1,100 tokens and more: past the switch
+        store = _store(session, tmp_path)
+        cold, _ = _generate(session, store, prompt, n=24)
+        warm, cache = _generate(session, store, prompt, n=24)
+        assert cache.last_event.hit
+        assert warm == cold
+    finally:
+        session.close()

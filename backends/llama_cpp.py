@@ -19,7 +19,7 @@ import numpy as np
 from localinfer.backends import Backend, LoadOptions
 from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
-from localinfer.gguf_checks import check_model
+from localinfer.models.gguf_checks import check_model
 
 DEFAULT_MAX_CTX = 4096        # n_ctx=0 means the trained context, capped here to keep the KV cache small
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from localinfer.backends.llama_cpp import GGUFVocabulary, _init, _lib
 from localinfer.errors import ModelLoadError
-from localinfer.gguf_checks import check_model
+from localinfer.models.gguf_checks import check_model
 
 
 class LlamaVocab(GGUFVocabulary):

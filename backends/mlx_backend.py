@@ -18,14 +18,14 @@ import numpy as np
 
 from localinfer.backends import Backend, LoadOptions
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
-from localinfer.gguf_header import read_header
+from localinfer.models.gguf_header import read_header
 
 DEFAULT_MAX_CTX = 4096        # as the llama.cpp backend: the trained context, capped
 MAX_OUTPUTS = 64              # rows of logits computed at once for logits="all"
 
 
 def _mx():
-    import mlx.core as mx   # lazy: keeps `localinfer --help` fast and MLX optional
+    import mlx.core as mx  # lazy: keeps `localinfer --help` fast and MLX optional
     return mx
 
 

@@ -1,3 +1,3 @@
-from localinfer.cli import main
+from localinfer.cli.app import main
 
 main()

@@ -43,10 +43,10 @@ def localinfer_decode(model: str, n_gen: int, repetitions: int) -> float:
 
 def model_path(model: str) -> str:
     """The GGUF file `localinfer` resolves the name to (pulling it if needed)."""
-    from localinfer import runner
-    _, catalogue, store = runner.context()
-    ref = runner.parse_ref(model, catalogue)
-    return str(runner.locate(ref, store, offline=False, progress=False, notify=lambda m: None))
+    from localinfer.models import refs
+    _, catalogue, store = refs.context()
+    ref = refs.parse_ref(model, catalogue)
+    return str(refs.locate(ref, store, offline=False, progress=False, notify=lambda m: None))
 
 
 def mlx_lm_decode(path: str, n_gen: int, repetitions: int) -> float:

@@ -13,13 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from localinfer import runner
 from localinfer.backends import LoadOptions
 from localinfer.backends.llama_cpp import LlamaCppSession
-from localinfer.batching import LAYOUT
-from localinfer.decode import Generation, KVCache, Limits
-from localinfer.prompt_cache import PromptCache
-from localinfer.sampling import SamplingParams, make_sampler
+from localinfer.cache.prompt_cache import PromptCache
+from localinfer.engine.batching import LAYOUT
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.models import refs
 
 MODELS = ("smollm2", "gemma-3-270m")   # catalogue names, pulled through localinfer's own store
 DOC = Path(__file__).resolve().parents[1] / "README.md"
@@ -28,9 +28,9 @@ GREEDY = make_sampler(SamplingParams(temperature=0))
 
 def model_path(name: str) -> Path:
     """The model's file in the store (LOCALINFER_HOME applies), pulled first when missing."""
-    _, cat, store = runner.context()
-    ref = runner.parse_ref(name, cat)
-    return runner.locate(ref, store, offline=False, progress=False, notify=print)
+    _, cat, store = refs.context()
+    ref = refs.parse_ref(name, cat)
+    return refs.locate(ref, store, offline=False, progress=False, notify=print)
 
 
 def generate(session, store, prompt, n_gen=16):
@@ -46,9 +46,9 @@ def generate(session, store, prompt, n_gen=16):
 
 def prompts(session, n_tokens, n_prefix):
     doc = session.tokenize((DOC.read_text() * 20), special=False)
-    a = runner.with_bos(session, doc[:n_tokens - 12]) + session.tokenize(
+    a = refs.with_bos(session, doc[:n_tokens - 12]) + session.tokenize(
         "\n\nQuestion: what is this document about? Answer:", special=False)
-    b = runner.with_bos(session, doc[:n_prefix]) + session.tokenize(
+    b = refs.with_bos(session, doc[:n_prefix]) + session.tokenize(
         "\n\nQuestion: which commands does it list? Answer:", special=False)
     return a, b
 
@@ -96,7 +96,7 @@ def bench_chat(path, turns=10, n_gen=16):
     ttft = []
     for turn in range(turns):
         messages.append({"role": "user", "content": f"Tell me one fact about the number {turn + 7}."})
-        gen = Generation(cache, runner.chat_tokens(session, messages), GREEDY,
+        gen = Generation(cache, refs.chat_tokens(session, messages), GREEDY,
                          Limits(max_tokens=n_gen, ignore_eos=True))
         reply = "".join(gen)
         messages.append({"role": "assistant", "content": reply.strip()})

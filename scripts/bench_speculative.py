@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import sys
 
-from localinfer import drafting, runner, spec_bench
 from localinfer.backends import LoadOptions
+from localinfer.measure import speculation
+from localinfer.models import refs
+from localinfer.speculate import choose
 
 MODELS = ("smollm2", "gemma-3-270m")
 # `auto` is adaptive lookup for these two (the catalogue names no draft model for them).
@@ -23,15 +25,15 @@ def main() -> None:
     n_gen = int(sys.argv[1]) if len(sys.argv) > 1 else 96
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     options = LoadOptions(n_ctx=1024)
-    _, cat, store = runner.context()
+    _, cat, store = refs.context()
     for name in MODELS:
-        ref = runner.parse_ref(name, cat)
-        loaded = runner.load(ref, runner.locate(ref, store, offline=True, progress=False,
+        ref = refs.parse_ref(name, cat)
+        loaded = refs.load(ref, refs.locate(ref, store, offline=True, progress=False,
                                                 notify=print), backend="auto", options=options)
         for choice, adaptive in DRAFTERS:
-            drafter = drafting.open_drafter(choice, loaded, options=options, offline=True,
+            drafter = choose.open_drafter(choice, loaded, options=options, offline=True,
                                             notify=lambda m: print(m, file=sys.stderr))
-            result = spec_bench.measure(loaded, drafter, n_gen=n_gen, repetitions=reps,
+            result = speculation.measure(loaded, drafter, n_gen=n_gen, repetitions=reps,
                                         adaptive=adaptive,
                                         progress=lambda m: print(m, file=sys.stderr, flush=True))
             result["choice"] = choice

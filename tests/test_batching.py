@@ -2,7 +2,8 @@
 
 import pytest
 
-from localinfer.batching import GRAIN, batch_ends, canonical_end, restore_limit, snapshot_ends
+from localinfer.engine.batching import (GRAIN, batch_ends, canonical_end, restore_limit,
+                                        snapshot_ends)
 
 
 @pytest.mark.parametrize("start,n,expected", [

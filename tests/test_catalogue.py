@@ -2,9 +2,9 @@
 
 import pytest
 
-from localinfer import catalogue
-from localinfer.catalogue import HubSource, PipSource
 from localinfer.errors import LocalinferError, ModelNotFound, UsageError
+from localinfer.models import catalogue
+from localinfer.models.catalogue import HubSource, PipSource
 
 REQUIRED = ["smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-0.5b-instruct",
             "qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct", "llama-3.2-1b-instruct",

@@ -1,9 +1,9 @@
 """The decode loop's bookkeeping: UTF-8 across tokens, stop strings, limits, KV prefix reuse."""
 
-from localinfer.decode import Generation, KVCache, Limits, StopMatcher, common_prefix
-from localinfer.sampling import SamplingParams, make_sampler
-
 from fakes import ScriptedSession
+
+from localinfer.engine.decode import Generation, KVCache, Limits, StopMatcher, common_prefix
+from localinfer.engine.sampling import SamplingParams, make_sampler
 
 GREEDY = make_sampler(SamplingParams(temperature=0))
 # "é" is b"\xc3\xa9" and "€" is b"\xe2\x82\xac": split across tokens 3/4 and 5/6.

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from localinfer import evaluate
+
+from localinfer.measure import quality
 
 
 class FixedDistribution:
@@ -39,7 +39,7 @@ Q = [0.25, 0.25, 0.25, 0.25]
 def test_perplexity_scores_the_second_half_of_each_chunk():
     tokens = [0, 1, 2, 3, 0, 1, 2, 3] * 2        # two chunks of 8
     model = FixedDistribution(P)
-    result = evaluate.evaluate(model, tokens, n_ctx=8)
+    result = quality.evaluate(model, tokens, n_ctx=8)
     # Scored: positions 4..6 of each chunk predict tokens at 5..7, i.e. tokens 1, 2, 3.
     nll = -(math.log(0.25) + math.log(0.125) + math.log(0.125))
     assert result.tokens_scored == 6 and model.resets == 2
@@ -49,7 +49,7 @@ def test_perplexity_scores_the_second_half_of_each_chunk():
 
 def test_kl_and_top1_against_a_reference():
     tokens = [0, 1, 2, 3] * 4
-    result = evaluate.evaluate(FixedDistribution(P), tokens, n_ctx=16,
+    result = quality.evaluate(FixedDistribution(P), tokens, n_ctx=16,
                                reference=FixedDistribution(Q))
     expected_kl = sum(q * math.log(q / p) for p, q in zip(P, Q))      # KL(reference || model)
     assert result.mean_kl == pytest.approx(expected_kl, rel=1e-5)
@@ -57,12 +57,12 @@ def test_kl_and_top1_against_a_reference():
 
 
 def test_text_shorter_than_a_chunk_is_refused():
-    with pytest.raises(evaluate.UsageError, match="fewer than one chunk"):
-        evaluate.evaluate(FixedDistribution(P), [0, 1, 2], n_ctx=8)
+    with pytest.raises(quality.UsageError, match="fewer than one chunk"):
+        quality.evaluate(FixedDistribution(P), [0, 1, 2], n_ctx=8)
 
 
 def test_default_text_is_shipped():
-    text = evaluate.default_text()
+    text = quality.default_text()
     assert text.startswith("[Alice's Adventures in Wonderland by Lewis Carroll 1865]")
     assert len(text) > 30_000
 

@@ -12,14 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
-
-from localinfer import drafting, exactness, quantize, runner
-from localinfer.backends import LoadOptions, llama_cpp
-from localinfer.decode import Generation, KVCache, Limits
-from localinfer.drafters import PromptLookup
-from localinfer.sampling import SamplingParams, make_sampler
-
 from test_prompt_cache import _generate, _prompts, _store
+
+from localinfer.backends import LoadOptions, llama_cpp
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.models import refs
+from localinfer.quant import quantize
+from localinfer.speculate import choose, exactness
+from localinfer.speculate.drafters import PromptLookup
 
 GREEDY = SamplingParams(temperature=0)
 OPTIONS = LoadOptions(n_ctx=4096)
@@ -54,29 +55,29 @@ def variants(smollm_path, gemma_path, tmp_path_factory) -> Variants:
                     tmp_path_factory.mktemp("variants"))
 
 
-def _load(path: Path) -> runner.LoadedModel:
-    ref = runner.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return runner.load(ref, path, backend="auto", options=OPTIONS)
+def _load(path: Path) -> refs.LoadedModel:
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return refs.load(ref, path, backend="auto", options=OPTIONS)
 
 
-def _prompt(loaded: runner.LoadedModel, text: str) -> list[int]:
+def _prompt(loaded: refs.LoadedModel, text: str) -> list[int]:
     if loaded.session.chat_template:
-        return runner.chat_tokens(loaded.session, [{"role": "user", "content": text}])
-    return runner.raw_tokens(loaded.session, text)
+        return refs.chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return refs.raw_tokens(loaded.session, text)
 
 
-def _same_as_plain(loaded: runner.LoadedModel, prompt: list[int], limits: Limits, drafter) -> None:
+def _same_as_plain(loaded: refs.LoadedModel, prompt: list[int], limits: Limits, drafter) -> None:
     plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
     plain_text = "".join(plain)
     # Not adaptive: draft every round, so long contexts see verification batches all the time.
-    spec = drafting.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
+    spec = choose.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
                                max_draft=6, adaptive=False)
     assert "".join(spec) == plain_text
     assert spec.tokens == plain.tokens
     assert spec.stats.drafted > 0
 
 
-def _long_prompts(loaded: runner.LoadedModel) -> dict[str, tuple[list[int], Limits]]:
+def _long_prompts(loaded: refs.LoadedModel) -> dict[str, tuple[list[int], Limits]]:
     """A prompt that crosses 256 tokens while generating, and one of over 1,000 tokens."""
     crossing = _prompt(loaded, CODE[:600] + "\n\nRewrite the code above with type hints.")
     long = _prompt(loaded, DOC[:5000] + "\n\nRetell the passage above in a few sentences.")
@@ -104,7 +105,7 @@ def test_prompt_lookup_equals_plain_past_256_tokens_on_every_type(variants, mode
 @pytest.mark.parametrize("model", ["smollm", pytest.param("gemma", marks=EXHAUSTIVE)])
 def test_self_draft_equals_plain_past_256_tokens(variants, model):
     loaded = _load(variants[model])
-    drafter = drafting.open_drafter("self", loaded, options=OPTIONS, offline=True, notify=print)
+    drafter = choose.open_drafter("self", loaded, options=OPTIONS, offline=True, notify=print)
     try:
         for prompt, limits in _long_prompts(loaded).values():
             _same_as_plain(loaded, prompt, limits, drafter)

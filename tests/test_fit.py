@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from localinfer import fit, memory
 from localinfer.errors import UsageError
+from localinfer.fit import memory, rules
 
 GiB = 1024 ** 3
 
@@ -18,13 +18,13 @@ LLAMA_7B = memory.ModelFacts(
     repackable_bytes=3_000_000_000, context_length=32768)
 
 MACHINES = {
-    "8 GB M1": fit.Machine(8 * GiB, 5 * GiB, apple_silicon=True, metal_working_set=int(5.3 * GiB),
+    "8 GB M1": rules.Machine(8 * GiB, 5 * GiB, apple_silicon=True, metal_working_set=int(5.3 * GiB),
                            repacks=False),
-    "16 GB M3": fit.Machine(16 * GiB, 11 * GiB, apple_silicon=True,
+    "16 GB M3": rules.Machine(16 * GiB, 11 * GiB, apple_silicon=True,
                             metal_working_set=int(10.7 * GiB), repacks=False),
-    "24 GB x86 + 6 GB GPU": fit.Machine(24 * GiB, 4 * GiB, vram_free=6 * GiB),
-    "8 GB x86 laptop": fit.Machine(8 * GiB, 6 * GiB),
-    "4 GB x86": fit.Machine(4 * GiB, 3 * GiB),
+    "24 GB x86 + 6 GB GPU": rules.Machine(24 * GiB, 4 * GiB, vram_free=6 * GiB),
+    "8 GB x86 laptop": rules.Machine(8 * GiB, 6 * GiB),
+    "4 GB x86": rules.Machine(4 * GiB, 3 * GiB),
 }
 
 
@@ -33,13 +33,13 @@ MACHINES = {
     ("2000", 2000), ("300m", 300_000_000),
 ])
 def test_parse_size(text, expected):
-    assert fit.parse_size(text) == expected
+    assert rules.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["4XB", "", "lots", "-1GB", "4 G B"])
 def test_parse_size_refuses(text):
     with pytest.raises(UsageError, match="cannot read the memory size"):
-        fit.parse_size(text)
+        rules.parse_size(text)
 
 
 @pytest.mark.parametrize("machine, ram, vram, source", [
@@ -49,12 +49,12 @@ def test_parse_size_refuses(text):
     ("8 GB x86 laptop", int(6 * GiB * 0.9), 0, "headroom"),
 ])
 def test_budget(machine, ram, vram, source):
-    b = fit.budget(MACHINES[machine])
+    b = rules.budget(MACHINES[machine])
     assert (b.ram, b.vram) == (ram, vram) and source in b.source
 
 
 def test_override_wins():
-    assert fit.budget(MACHINES["4 GB x86"], 6 * GiB).ram == 6 * GiB
+    assert rules.budget(MACHINES["4 GB x86"], 6 * GiB).ram == 6 * GiB
 
 
 @pytest.mark.parametrize("machine, n_ctx, fits, ctx, kv, gpu_layers", [
@@ -67,7 +67,7 @@ def test_override_wins():
 ])
 def test_place(machine, n_ctx, fits, ctx, kv, gpu_layers):
     m = MACHINES[machine]
-    placed = fit.place(LLAMA_7B, m, fit.budget(m), n_ctx=n_ctx)
+    placed = rules.place(LLAMA_7B, m, rules.budget(m), n_ctx=n_ctx)
     assert (placed.fits, placed.n_ctx, placed.kv_type, placed.gpu_layers) == (fits, ctx, kv, gpu_layers)
     if fits and (ctx != n_ctx or kv != "f16"):
         assert placed.notes                     # every change made to fit is said
@@ -75,37 +75,37 @@ def test_place(machine, n_ctx, fits, ctx, kv, gpu_layers):
 
 def test_requested_kv_type_is_kept():
     m = MACHINES["16 GB M3"]
-    assert fit.place(LLAMA_7B, m, fit.budget(m), n_ctx=4096, kv_type="q4_0").kv_type == "q4_0"
+    assert rules.place(LLAMA_7B, m, rules.budget(m), n_ctx=4096, kv_type="q4_0").kv_type == "q4_0"
 
 
 def test_choose_the_most_precise_variant_that_fits():
-    variants = [fit.Candidate("Q8_0", replace(LLAMA_7B, file_size=7_200_000_000), False),
-                fit.Candidate("Q4_K_M", LLAMA_7B, True),
-                fit.Candidate("F16", replace(LLAMA_7B, file_size=14_500_000_000), False)]
+    variants = [rules.Candidate("Q8_0", replace(LLAMA_7B, file_size=7_200_000_000), False),
+                rules.Candidate("Q4_K_M", LLAMA_7B, True),
+                rules.Candidate("F16", replace(LLAMA_7B, file_size=14_500_000_000), False)]
     for machine, expected in (("16 GB M3", "Q8_0"), ("8 GB x86 laptop", "Q4_K_M"), ("4 GB x86", None)):
         m = MACHINES[machine]
-        chosen = fit.choose_variant(variants, m, fit.budget(m), n_ctx=4096)
+        chosen = rules.choose_variant(variants, m, rules.budget(m), n_ctx=4096)
         assert (chosen[0].quant if chosen else None) == expected, machine
 
 
 def test_not_fitting_message_says_needed_available_and_what_makes_it_fit():
     m = MACHINES["4 GB x86"]
-    budget = fit.budget(m)
-    line = fit.does_not_fit("llama-7b", LLAMA_7B, m, budget, kv_type=None,
+    budget = rules.budget(m)
+    line = rules.does_not_fit("llama-7b", LLAMA_7B, m, budget, kv_type=None,
                             smaller_quant="`localinfer quantize`")
-    least = fit.place(LLAMA_7B, m, budget, n_ctx=fit.MIN_CTX)
+    least = rules.place(LLAMA_7B, m, budget, n_ctx=rules.MIN_CTX)
     assert not least.fits and f"needs at least {least.needed / 1e9:.1f} GB" in line
     assert f"{budget.ram / 1e9:.1f} GB is available" in line and "smaller quant" in line
     needed = line.split("a budget of ")[1].split()[0]          # the budget it names is enough
-    assert fit.place(LLAMA_7B, m, fit.budget(m, fit.parse_size(needed)), n_ctx=4096).fits
+    assert rules.place(LLAMA_7B, m, rules.budget(m, rules.parse_size(needed)), n_ctx=4096).fits
     assert "--kv-type q4_0" not in line          # q4_0 KV alone would not make a 7B fit in 2.7 GB
 
 
 def test_not_fitting_message_offers_q4_0_kv_only_when_it_fits():
     m = MACHINES["8 GB x86 laptop"]
     big_kv = replace(LLAMA_7B, kv_dims=(8 * 8192,) * 32)       # a KV cache 32x the usual
-    budget = fit.Budget(5_400_000_000, 0, "test")   # q8_0 at 512 needs 5.65 GB, q4_0 5.11 GB
-    assert not fit.place(big_kv, m, budget, n_ctx=4096).fits
-    assert fit.place(big_kv, m, budget, n_ctx=fit.MIN_CTX, kv_type="q4_0").fits
-    line = fit.does_not_fit("big-kv", big_kv, m, budget, kv_type=None, smaller_quant=None)
+    budget = rules.Budget(5_400_000_000, 0, "test")   # q8_0 at 512 needs 5.65 GB, q4_0 5.11 GB
+    assert not rules.place(big_kv, m, budget, n_ctx=4096).fits
+    assert rules.place(big_kv, m, budget, n_ctx=rules.MIN_CTX, kv_type="q4_0").fits
+    line = rules.does_not_fit("big-kv", big_kv, m, budget, kv_type=None, smaller_quant=None)
     assert "--kv-type q4_0 --ctx 512" in line and "smaller quant" not in line

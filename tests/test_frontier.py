@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from localinfer.frontier import Point, mark_frontier
+
+from localinfer.measure.frontier import Point, mark_frontier
 
 
 def point(name: str, kl: float, tps: float, mem: int) -> Point:

@@ -19,14 +19,14 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-import pytest
-
 import gguf_patch as gp
+import pytest
 from conftest import MODELS_HOME, run_cli
-from localinfer import limits
+
+from localinfer.cli import limits
 from localinfer.errors import EXIT_RUNTIME, EXIT_USAGE, ModelLoadError
-from localinfer.gguf_checks import check_model
-from localinfer.gguf_header import TextInfo, read_header
+from localinfer.models.gguf_checks import check_model
+from localinfer.models.gguf_header import TextInfo, read_header
 
 pytestmark = pytest.mark.slow
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from gguf_patch import set_value
-from localinfer import shell_io
+
+from localinfer.cli import shell
+from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.errors import UsageError
-from localinfer.sampling import SamplingParams, make_sampler
 
 EXIT_RUNTIME, EXIT_USAGE = 1, 2
 # No speculation: a model file new to the machine would first be probed for exact drafting.
@@ -175,17 +175,17 @@ class _Piped(io.BytesIO):
 
 def test_read_stdin_reads_up_to_the_bound_with_text_mode_newlines(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(_Piped(b"one\r\ntwo\rthree\n")))
-    assert shell_io.read_stdin(limit=15) == "one\ntwo\nthree\n"
+    assert shell.read_stdin(limit=15) == "one\ntwo\nthree\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(_Piped(b"one\r\ntwo\rthree\n")))
     with pytest.raises(UsageError, match="more than 14 B"):
-        shell_io.read_stdin(limit=14)
+        shell.read_stdin(limit=14)
 
 
 def test_invalid_utf8_offset_is_counted_across_chunks(monkeypatch):
     data = "é".encode() * 70_000 + b"\xff"      # past the first 64 KiB chunk
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(_Piped(data)))
     with pytest.raises(UsageError, match="invalid byte at offset 140000"):
-        shell_io.read_stdin(limit=1 << 20)
+        shell.read_stdin(limit=1 << 20)
 
 
 # -- options and environment variables ------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 import pytest
 
-from localinfer.shell_io import combine_input
+from localinfer.cli.shell import combine_input
 from localinfer.errors import UsageError
 
 

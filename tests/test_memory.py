@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from localinfer import memory, quantize
+from localinfer.fit import memory
+from localinfer.quant import quantize
 
 TYPES = ("Q8_0", "Q4_K_M", "Q4_0")
 CONTEXTS = (512, 4096)

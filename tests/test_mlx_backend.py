@@ -13,20 +13,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from localinfer import evaluate, runner
-from localinfer.backends import LoadOptions
-from localinfer.batching import GRAIN, LAYOUT
-from localinfer.decode import Generation, KVCache, Limits
-from localinfer.drafters import PromptLookup
-from localinfer.errors import LocalinferError
-from localinfer.gguf_header import read_header
-from localinfer.prompt_cache import PromptCache
-from localinfer.sampling import SamplingParams, make_sampler
-
 from conftest import GEMMA, MODELS_HOME, run_cli
 from test_run import QUESTION
 from test_speculative import CODE, G_COPY, G_LIST, G_OPEN, OPEN, TYPOS
+
+from localinfer.backends import LoadOptions
+from localinfer.cache.prompt_cache import PromptCache
+from localinfer.engine.batching import GRAIN, LAYOUT
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.errors import LocalinferError
+from localinfer.measure import quality
+from localinfer.models import refs
+from localinfer.models.gguf_header import read_header
+from localinfer.speculate.drafters import PromptLookup
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,9 +44,9 @@ def _test_home(in_models_home):
     yield
 
 
-def _load(path: Path, backend: str) -> runner.LoadedModel:
-    ref = runner.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return runner.load(ref, path, backend=backend, options=OPTIONS)
+def _load(path: Path, backend: str) -> refs.LoadedModel:
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return refs.load(ref, path, backend=backend, options=OPTIONS)
 
 
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
@@ -61,8 +61,8 @@ def pair(request, smollm_path, gemma_path):
 
 
 def _forced_tokens(session) -> list[int]:
-    tokens = session.tokenize(evaluate.default_text(), special=False)
-    return runner.with_bos(session, tokens)[:N_FORCED]
+    tokens = session.tokenize(quality.default_text(), special=False)
+    return refs.with_bos(session, tokens)[:N_FORCED]
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -201,9 +201,9 @@ def test_tokens_are_llama_cpps(pair):
 
 def _prompts(loaded) -> list[list[int]]:
     if loaded.session.chat_template:     # SmolLM2: the chat prompts of the tests, templated
-        return [runner.chat_tokens(loaded.session, [{"role": "user", "content": text}])
+        return [refs.chat_tokens(loaded.session, [{"role": "user", "content": text}])
                 for text in (QUESTION, TYPOS, CODE, OPEN)]
-    return [runner.raw_tokens(loaded.session, text) for text in (G_COPY, G_LIST, G_OPEN)]
+    return [refs.raw_tokens(loaded.session, text) for text in (G_COPY, G_LIST, G_OPEN)]
 
 
 def _greedy(loaded, prompt, n=32, cache=None) -> list[int]:
@@ -258,8 +258,8 @@ def test_a_bad_state_is_refused(pair):
 def test_prompt_cache_gives_identical_greedy_output(pair, tmp_path):
     loaded = pair[0]
     session = loaded.session
-    doc = session.tokenize(evaluate.default_text()[:3000], special=False)
-    a = runner.with_bos(session, doc[:140] + session.tokenize("\n\nIn one line:", special=False))
+    doc = session.tokenize(quality.default_text()[:3000], special=False)
+    a = refs.with_bos(session, doc[:140] + session.tokenize("\n\nIn one line:", special=False))
     identity = {**session.state_identity(), "batching": LAYOUT}
     store = PromptCache(tmp_path, identity, label="test", cap_bytes=10 ** 9)
     cold = KVCache(session, store)
@@ -272,13 +272,13 @@ def test_prompt_cache_gives_identical_greedy_output(pair, tmp_path):
 
 
 def test_prompt_lookup_speculation_is_identical_to_plain(pair):
-    from localinfer import drafting
+    from localinfer.speculate import choose
     loaded = pair[0]
     prompt = _prompts(loaded)[1]          # the copying prompt of each model: drafts get accepted
     limits = Limits(24)
     plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
     plain_text = "".join(plain)
-    gen = drafting.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits,
+    gen = choose.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits,
                               PromptLookup(), max_draft=4, adaptive=False)
     assert "".join(gen) == plain_text and gen.tokens == plain.tokens
     assert gen.stats.drafted > 0 and gen.stats.accepted > 0

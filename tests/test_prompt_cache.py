@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from localinfer.backends import LoadOptions
-from localinfer.batching import LAYOUT, restore_limit
-from localinfer.decode import Generation, KVCache, Limits
-from localinfer.prompt_cache import PromptCache
-from localinfer.sampling import SamplingParams, make_sampler
-
-from conftest import run_cli
+from localinfer.cache.prompt_cache import PromptCache
+from localinfer.engine.batching import LAYOUT, restore_limit
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
 
 GREEDY = make_sampler(SamplingParams(temperature=0))
 DOC = Path(__file__).resolve().parents[1] / "README.md"

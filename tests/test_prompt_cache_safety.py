@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from localinfer import cache_entry, prompt_cache
-from localinfer.cache_entry import CorruptEntry
-from localinfer.prompt_cache import PromptCache
+
+from localinfer.cache import entry, prompt_cache
+from localinfer.cache.entry import CorruptEntry
+from localinfer.cache.prompt_cache import PromptCache
 
 SMOLLM = "smollm2-135m-instruct"
 # Over 64 tokens, the least the cache keeps an entry for.
@@ -54,8 +54,8 @@ def real_entry(tmp_path_factory, smollm_path: Path) -> RealEntry:
     result = run_cli(*RUN, home=home)
     assert result.returncode == 0, result.stderr
     (path,) = (home / "cache" / "prompts").glob("*/*.kv")
-    head = cache_entry.read_head(path)
-    state = cache_entry.read_state(head, head.key)
+    head = entry.read_head(path)
+    state = entry.read_state(head, head.key)
     return RealEntry(home, path.parent, path.name, path.read_bytes(), head.key, head.tokens, state,
                      head.data_offset)
 
@@ -110,12 +110,12 @@ def test_eviction_and_reads_never_reach_through_links(real_entry: RealEntry, tmp
     assert prompt_cache.evict(root, 0) == 0 and prompt_cache.clear(root).entries == 0
     assert outside.read_bytes() == real_entry.data
     with pytest.raises(CorruptEntry, match="symlink"):
-        cache_entry.read_head(cache.dir / "linked.kv")
+        entry.read_head(cache.dir / "linked.kv")
     done = threading.Event()
 
     def read_fifo() -> None:
         with pytest.raises(CorruptEntry, match="not a regular file"):
-            cache_entry.read_head(fifo)
+            entry.read_head(fifo)
         done.set()
     threading.Thread(target=read_fifo, daemon=True).start()
     assert done.wait(5), "reading a FIFO in place of an entry blocked"
@@ -183,7 +183,7 @@ def test_damaged_entries_are_never_trusted_long(real_entry: RealEntry, tmp_path:
 
 def hand_made(head: bytes, *, head_len: int | None = None, rest: bytes = b"") -> bytes:
     length = len(head) if head_len is None else head_len
-    return cache_entry.MAGIC + struct.pack("<I", length) + head + rest
+    return entry.MAGIC + struct.pack("<I", length) + head + rest
 
 
 def head_of(**fields) -> bytes:
@@ -215,9 +215,9 @@ def test_hostile_headers_are_corrupt_entries(tmp_path: Path, data: bytes):
     path = cache.dir / "x.kv"
     path.write_bytes(data)
     try:
-        head = cache_entry.read_head(path)
+        head = entry.read_head(path)
         with pytest.raises(CorruptEntry):
-            cache_entry.read_state(head, head.key)
+            entry.read_state(head, head.key)
     except CorruptEntry:
         pass
     found = cache.longest_prefix([0])

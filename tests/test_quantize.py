@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from localinfer import imatrix, quantize
+
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.gguf_header import read_header
+from localinfer.models.gguf_header import read_header
+from localinfer.quant import imatrix, quantize
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,8 @@ def test_the_disk_space_bound_is_never_below_the_exact_size(smollm_path: Path, g
 
 def test_type_table_matches_gguf():
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from localinfer.gguf_header import GGML_TYPES
+
+    from localinfer.models.gguf_header import GGML_TYPES
     assert GGML_TYPES == {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType
                           if t.value in GGML_TYPES}
 
@@ -146,7 +147,9 @@ def test_type_table_matches_gguf():
 def test_direct_binding_matches_the_packages_declarations():
     # The quantizer binds libllama without importing llama_cpp; its structs must be the package's.
     import ctypes
+
     from llama_cpp import llama_cpp as package
+
     from localinfer.backends import llama_quantize as ours
 
     def layout(struct):
@@ -161,6 +164,7 @@ def test_direct_binding_matches_the_packages_declarations():
 def test_quantizing_hands_the_log_back(smollm_path: Path):
     # In one process the llama.cpp backend routes the engine's log; a quantization borrows it.
     import ctypes
+
     from localinfer.backends import llama_cpp, llama_quantize
     llama_cpp._init(verbose=False)          # the backend's router, as after loading a model
 

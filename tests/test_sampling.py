@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from localinfer.engine.sampling import (SamplingParams, apply_repeat_penalty, candidate_probs,
+                                        make_sampler)
 from localinfer.errors import UsageError
-from localinfer.sampling import (SamplingParams, apply_repeat_penalty, candidate_probs,
-                                 make_sampler)
 
 
 def test_greedy_is_argmax_and_ignores_seed():

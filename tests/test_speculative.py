@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-
-from localinfer import drafting, runner
-from localinfer.backends import LoadOptions
-from localinfer.decode import Generation, KVCache, Limits
-from localinfer.drafters import DraftModel, PromptLookup
-from localinfer.sampling import SamplingParams, make_sampler
-
 from conftest import GEMMA, MODELS_HOME, SMOLLM, run_cli
+
+from localinfer.backends import LoadOptions
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.models import refs
+from localinfer.speculate import choose
+from localinfer.speculate.drafters import DraftModel, PromptLookup
 
 GREEDY = SamplingParams(temperature=0)
 OPTIONS = LoadOptions(n_ctx=1024)
@@ -40,9 +40,9 @@ def _test_home(in_models_home):
     yield
 
 
-def _load(path: Path) -> runner.LoadedModel:
-    ref = runner.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return runner.load(ref, path, backend="auto", options=OPTIONS)
+def _load(path: Path) -> refs.LoadedModel:
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return refs.load(ref, path, backend="auto", options=OPTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def gemma(gemma_path):
 
 def _prompt(loaded, text: str) -> list[int]:
     if loaded.session.chat_template:
-        return runner.chat_tokens(loaded.session, [{"role": "user", "content": text}])
-    return runner.raw_tokens(loaded.session, text)
+        return refs.chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return refs.raw_tokens(loaded.session, text)
 
 
 def _plain(loaded, prompt, limits) -> tuple[list[int], str]:
@@ -73,7 +73,7 @@ def _plain(loaded, prompt, limits) -> tuple[list[int], str]:
 
 def _speculative(loaded, prompt, limits, drafter, max_draft=6, adaptive=False):
     # Not adaptive: draft every round, so verification, rejection and trimming run all the time.
-    gen = drafting.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
+    gen = choose.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
                               max_draft=max_draft, adaptive=adaptive)
     text = "".join(gen)
     return gen, text
@@ -95,14 +95,14 @@ def _check_identity(loaded, drafter, texts, limits):
 
 @pytest.fixture(scope="module")
 def smollm_self(smollm):
-    drafter = drafting.open_drafter("self", smollm, options=OPTIONS, offline=True, notify=print)
+    drafter = choose.open_drafter("self", smollm, options=OPTIONS, offline=True, notify=print)
     yield drafter
     drafter.close()
 
 
 @pytest.fixture(scope="module")
 def gemma_self(gemma):
-    drafter = drafting.open_drafter("self", gemma, options=OPTIONS, offline=True, notify=print)
+    drafter = choose.open_drafter("self", gemma, options=OPTIONS, offline=True, notify=print)
     yield drafter
     drafter.close()
 
@@ -128,7 +128,7 @@ def test_self_draft_is_identical_to_plain_on_gemma(gemma, gemma_self):
 
 def test_draft_model_given_by_path_is_identical_to_plain(gemma, gemma_path):
     # The target's own file as its draft: every guess right, the longest verification batches.
-    drafter = drafting.open_drafter(str(gemma_path), gemma, options=OPTIONS, offline=True,
+    drafter = choose.open_drafter(str(gemma_path), gemma, options=OPTIONS, offline=True,
                                     notify=print)
     try:
         _check_identity(gemma, drafter, [G_LIST], Limits(32))
@@ -153,7 +153,7 @@ def test_continuing_after_rejections_equals_a_fresh_run(gemma, gemma_self):
     session = gemma.session
     prompt = _prompt(gemma, G_OPEN)
     cache = KVCache(session)
-    gen = drafting.generation(gemma, cache, prompt, GREEDY, Limits(24), gemma_self, max_draft=6,
+    gen = choose.generation(gemma, cache, prompt, GREEDY, Limits(24), gemma_self, max_draft=6,
                               adaptive=False)
     list(gen)
     assert gen.stats.accepted < gen.stats.drafted, "the test needs at least one rejection"
@@ -163,7 +163,7 @@ def test_continuing_after_rejections_equals_a_fresh_run(gemma, gemma_self):
     assert len(draft_cache.tokens) == gemma_self.session.n_past
     # Continue on the same (trimmed) caches, then compare with a fresh plain run of the whole text.
     follow = prompt + gen.tokens
-    cont = drafting.generation(gemma, cache, follow, GREEDY, Limits(16), gemma_self, max_draft=6,
+    cont = choose.generation(gemma, cache, follow, GREEDY, Limits(16), gemma_self, max_draft=6,
                                adaptive=False)
     list(cont)
     assert cont.stats.cached_tokens > len(prompt)

@@ -9,11 +9,11 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from localinfer.adaptive import Controller
-from localinfer.decode import KVCache, Limits
-from localinfer.drafters import DraftModel, PromptLookup
-from localinfer.sampling import SamplingParams
-from localinfer.speculative import SamplingPolicy, SpeculativeGeneration, accept_or_resample
+from localinfer.engine.decode import KVCache, Limits
+from localinfer.engine.sampling import SamplingParams
+from localinfer.speculate.adaptive import Controller
+from localinfer.speculate.drafters import DraftModel, PromptLookup
+from localinfer.speculate.verify import SamplingPolicy, SpeculativeGeneration, accept_or_resample
 
 P = np.array([0.40, 0.25, 0.20, 0.10, 0.05])
 DRAFTS = {

@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from localinfer import catalogue, quantize, store_sweep
+
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.store import Store, check_name, is_safe_name, to_safe_name
+from localinfer.models import catalogue, store_sweep
+from localinfer.models.store import Store, check_name, is_safe_name, to_safe_name
+from localinfer.quant import quantize
 
 SMOLLM = "smollm2-135m-instruct"
 SMOLLM_SIZE = 98362432

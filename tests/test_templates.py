@@ -5,13 +5,13 @@ import time
 import tracemalloc
 from datetime import datetime
 
+import chat_templates
 import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-import chat_templates
+from localinfer.engine.templates import messages_for, render
 from localinfer.errors import ModelLoadError
-from localinfer.templates import messages_for, render
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
@@ -95,7 +95,7 @@ def test_smollm2_template_output_is_pinned():
 
 
 def test_smollm2_literal_is_the_model_files_template(smollm_path):
-    from localinfer.gguf_header import read_header
+    from localinfer.models.gguf_header import read_header
     assert read_header(smollm_path).metadata["tokenizer.chat_template"] == chat_templates.SMOLLM2
 
 

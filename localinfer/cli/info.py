@@ -1,0 +1,108 @@
+"""`localinfer info`: what a model is, read from its GGUF header (or the catalogue if not pulled)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+from localinfer.cli import console
+from localinfer.models.gguf_checks import check_model
+from localinfer.models.gguf_header import ArrayInfo
+from localinfer.models.refs import ModelRef
+from localinfer.models.store import Store
+
+
+def describe(ref: ModelRef, store: Store) -> dict:
+    path = ref.path or store.find(ref.spec.name, ref.quant)
+    facts: dict = {"model": ref.display}
+    if ref.spec is not None:
+        spec = ref.spec
+        facts.update(catalogue_name=spec.name, family=spec.family, kind=spec.kind,
+                     license=spec.license, quants=list(spec.variants), draft=spec.draft or None)
+    if path is None:
+        facts.update(on_disk=False, architecture=ref.spec.architecture,
+                     parameters=ref.spec.parameters, context_length=ref.spec.context_length)
+        return facts
+    facts.update(on_disk=True, path=str(path), file_size=path.stat().st_size)
+    facts.update(_from_header(path))
+    facts["memory"] = memory_table(path)
+    return facts
+
+
+MEMORY_CONTEXTS = (512, 2048, 4096, 8192)
+
+
+def memory_table(path) -> dict[str, dict[str, int]]:
+    """Estimated resident memory of `localinfer run` at a few context lengths (f16 KV cache)."""
+    from localinfer.fit import memory
+    facts = memory.facts_from_file(path)
+    repack = memory.cpu_repacks()
+    return {str(ctx): memory.estimate(facts, memory.Request(ctx, repack=repack)).as_dict()
+            for ctx in MEMORY_CONTEXTS}
+
+
+def _from_header(path) -> dict:
+    header = check_model(path)      # a damaged file is reported as such, not described
+    meta = header.metadata
+    arch = str(meta.get("general.architecture", "unknown"))
+
+    def arch_key(name: str):
+        return meta.get(f"{arch}.{name}")
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    type_bytes: Counter[str] = Counter()
+    type_count: Counter[str] = Counter()
+    for t in header.tensors:
+        type_bytes[t.type_name] += t.n_bytes
+        type_count[t.type_name] += 1
+    return {
+        "architecture": arch,
+        "name": meta.get("general.name"),
+        "parameters": sum(t.n_elements for t in header.tensors),
+        "layers": arch_key("block_count"),
+        "heads": arch_key("attention.head_count"),
+        "kv_heads": arch_key("attention.head_count_kv"),
+        "embedding_length": arch_key("embedding_length"),
+        "context_length": arch_key("context_length"),
+        "sliding_window": arch_key("attention.sliding_window"),
+        "vocab_size": tokens.length if isinstance(tokens, ArrayInfo) else len(tokens or []),
+        "tensor_types": {name: {"tensors": type_count[name], "bytes": size}
+                         for name, size in type_bytes.most_common()},
+        "chat_template": "tokenizer.chat_template" in meta,
+        "gguf_version": header.version,
+    }
+
+
+def show(facts: dict, *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(facts, indent=2) + "\n")
+        return
+    rows = []
+    for key, value in facts.items():
+        if value is None:
+            continue
+        if key == "memory":
+            rows.extend(_memory_rows(value))
+            continue
+        if key == "tensor_types":
+            total = sum(v["bytes"] for v in value.values()) or 1
+            value = ", ".join(f"{k} {v['bytes'] / total:.0%} ({v['tensors']})" for k, v in value.items())
+        elif key == "file_size":
+            value = console.human_size(value)
+        elif key == "parameters" and isinstance(value, int):
+            value = f"{value / 1e6:.1f}M" if value < 1e9 else f"{value / 1e9:.2f}B"
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value))
+        elif isinstance(value, bool):
+            value = "yes" if value else "no"
+        rows.append([key.replace("_", " "), str(value)])
+    console.print_table(["FIELD", "VALUE"], rows)
+
+
+def _memory_rows(table: dict[str, dict[str, int]]) -> list[list[str]]:
+    mb = lambda n: f"{n / 1e6:.0f}"   # noqa: E731 - a local formatter
+    return [[f"memory at ctx {ctx}",
+             f"{console.human_size(e['total'])} (weights {mb(e['weights'])} + KV {mb(e['kv_cache'])}"
+             f" + compute {mb(e['compute'])} + overhead {mb(e['overhead'])} MB)"]
+            for ctx, e in table.items()]

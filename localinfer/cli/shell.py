@@ -1,0 +1,218 @@
+"""How localinfer talks to the shell: piped stdin combined with the prompt, the answer streamed to
+stdout (or one JSON object), the figures on stderr, and the standard streams a shell may have
+closed or filled with something other than text."""
+
+from __future__ import annotations
+
+import codecs
+import io
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from localinfer.cli import console
+from localinfer.errors import LocalinferError, UsageError
+
+if TYPE_CHECKING:
+    from localinfer.engine.decode import Generation
+    from localinfer.models import refs
+
+
+def messages(text: str, system: str | None) -> list[dict[str, str]]:
+    from localinfer.engine.templates import messages_for
+    return messages_for(text, system)
+
+
+def read_stdin(limit: int | None = None) -> str | None:
+    """Piped input as text, or None when stdin is a terminal or absent.
+
+    At most `limit` bytes are read (settings' stdin_bytes by default), so `yes | localinfer run ...`
+    ends at once; input that is not UTF-8 text is refused at its first bad byte rather than guessed
+    at, so `localinfer run ... < /dev/urandom` ends at once too.
+    """
+    stream = sys.stdin
+    if stream is None or console.interactive(stream):
+        return None
+    if limit is None:
+        from localinfer import settings
+        limit = settings.load().stdin_bytes
+    try:
+        return _read_text(getattr(stream, "buffer", None) or _Encoded(stream), limit)
+    except ValueError:          # closed by whoever started us
+        return None
+    except OSError as e:        # e.g. a directory given as stdin
+        raise UsageError(f"cannot read stdin: {e.strerror or e}") from e
+
+
+_CHUNK = 1 << 16
+
+
+def _read_text(stream, limit: int) -> str:
+    """UTF-8 text of at most `limit` bytes, newlines as text-mode stdin gives them."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    parts: list[str] = []
+    size = 0
+    while True:
+        chunk = stream.read1(_CHUNK)
+        final = not chunk
+        start = size - len(decoder.getstate()[0])   # where the bytes decoded next begin
+        try:
+            parts.append(decoder.decode(chunk, final=final))
+        except UnicodeDecodeError as e:
+            raise _not_utf8(f"invalid byte at offset {start + e.start}") from e
+        if "\0" in parts[-1]:
+            raise _nul_in_stdin()
+        size += len(chunk)
+        if size > limit:
+            raise UsageError(f"stdin holds more than {console.human_size(limit)}; pipe less "
+                             "(e.g. `head -c 1M FILE |`) or raise LOCALINFER_STDIN_BYTES (e.g. 64M)")
+        if final:
+            return "".join(parts).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def chat_line(read: Callable[[], str]) -> str:
+    """One line of chat input from `read` (input()), refused like piped text when it is not text:
+    Python hands undecodable bytes on as lone surrogates, or fails on them, by locale."""
+    try:
+        line = read()
+    except UnicodeDecodeError as e:
+        raise _not_utf8(f"invalid byte 0x{e.object[e.start]:02x}") from e
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _not_utf8() from None
+    if "\0" in line:
+        raise _nul_in_stdin()
+    return line
+
+
+def _not_utf8(detail: str = "") -> UsageError:
+    where = f" ({detail})" if detail else ""
+    return UsageError(f"stdin is not UTF-8 text{where}; pipe text, or convert it first, "
+                      "e.g. with `iconv -f latin1 -t utf-8`")
+
+
+def _nul_in_stdin() -> UsageError:
+    # Binary data, or UTF-16 text: ASCII in UTF-16 is valid UTF-8 with a NUL after every letter.
+    return UsageError("stdin holds a NUL character: binary data, not text; convert UTF-16 text "
+                      "with `iconv -f utf-16 -t utf-8`")
+
+
+class _Encoded:
+    """A text stream (as tests substitute for stdin) read as UTF-8 bytes."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def read1(self, n: int) -> bytes:
+        return self._stream.read(n).encode("utf-8", "surrogateescape")
+
+
+def check_arguments(args: list[str]) -> None:
+    """Refuse an argument whose bytes are not UTF-8: Python carries them as lone surrogates that
+    fail far away (in the tokenizer, on output), not here where the cause is plain."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise UsageError(f"the argument '{shown}' is not UTF-8 text; pass it in UTF-8 "
+                             "(e.g. convert it with iconv)") from None
+
+
+class ClosedStdout(io.TextIOBase):
+    """Stands in for a stdout the shell closed (`>&-`): a command that prints nothing still
+    succeeds, one that has an answer to print ends with one clear line."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise LocalinferError("stdout is closed, so the answer has nowhere to go; "
+                                  "redirect it to a file or to /dev/null instead")
+        return 0
+
+
+def guard_standard_streams() -> None:
+    """Keep file descriptors 0-2 taken and sys.stdout/sys.stderr usable when the shell closed them.
+
+    A closed descriptor is handed to the next file opened (a model, a cache entry), and whatever
+    then writes to "stdout" or "stderr" would write into that file; /dev/null holds the place.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)   # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = ClosedStdout()
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
+
+
+def quiet_broken_pipe() -> None:
+    """The reader of stdout (e.g. `head`) went away: a normal end in a pipeline. What is still
+    buffered goes to /dev/null, so Python's flush at exit neither fails nor prints."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def combine_input(stdin_text: str | None, prompt: str | None) -> str:
+    """`{stdin}\\n\\n{prompt}`, either part optional; prompt '-' means stdin alone."""
+    if prompt == "-":
+        prompt = None
+    parts = [p for p in ((stdin_text or "").rstrip("\n"), prompt or "") if p.strip()]
+    if not parts:
+        raise UsageError("the prompt is empty; pass PROMPT or pipe text on stdin")
+    return "\n\n".join(parts)
+
+
+def emit(generation: Generation, loaded: refs.LoadedModel, *, as_json: bool, verbose: bool) -> None:
+    pieces: list[str] = []
+    try:
+        for piece in generation:
+            pieces.append(piece)
+            if not as_json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        generation.stats.finish_reason = "interrupted"
+        _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
+        raise
+    _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
+
+
+def _finish(generation: Generation, loaded: refs.LoadedModel, pieces: list[str], *,
+            as_json: bool, verbose: bool) -> None:
+    stats = generation.stats
+    if as_json:
+        record = {"model": loaded.ref.display, "backend": loaded.backend, "text": "".join(pieces),
+                  **stats.as_dict()}
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+    elif not "".join(pieces[-1:]).endswith("\n"):
+        sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it
+    sys.stdout.flush()
+    if verbose:
+        from localinfer.cache import prompt_cache
+        console.note(format_stats(stats, loaded))
+        if generation.cache.store is not None:
+            console.note(prompt_cache.describe(generation.cache.last_event))
+        if hasattr(stats, "drafted"):
+            from localinfer.speculate.choose import describe
+            console.note(describe(stats))
+
+
+def format_stats(stats, loaded: refs.LoadedModel) -> str:
+    cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
+    return (f"{loaded.ref.display} on {loaded.backend} · load {stats.load_s:.2f} s · "
+            f"prompt {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
+            f"prefill {stats.prefill_tps:.1f} t/s · decode {stats.decode_tps:.1f} t/s · "
+            f"{stats.generated_tokens} tokens ({stats.finish_reason})")

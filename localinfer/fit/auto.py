@@ -1,0 +1,154 @@
+"""`run --quant auto`: from a model name and a memory budget to the variant, context and KV type.
+
+The most precise variant that fits wins: one on disk, else one a source offers, else one made here
+by quantizing the most precise variant on disk (kept in the store as NAME:TYPE, so the next run
+finds it on disk). Every decision about what fits is left to the pure functions in `fit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from localinfer import settings
+from localinfer.errors import LocalinferError, UsageError
+from localinfer.fit import memory, rules
+from localinfer.models import refs
+
+DEFAULT_MAX_CTX = 4096       # as the llama.cpp backend: n_ctx 0 = the model's, up to this
+# What auto-fit may quantize to, best quality first: the K-quant mixes llama.cpp recommends, none
+# of which needs an importance matrix. Legacy and IQ types add little between these steps.
+AUTO_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M",
+              "Q3_K_S", "Q2_K")
+
+Notify = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    model: str                # what to open: NAME:QUANT or the path as given
+    n_ctx: int                # 0 keeps the backend's default
+    kv_type: str
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fitting:
+    """The budget and the request every candidate is placed against."""
+
+    machine: rules.Machine
+    budget: rules.Budget
+    n_ctx: int
+    kv_type: str | None
+
+    def place(self, facts: memory.ModelFacts) -> rules.Placement:
+        return rules.place(facts, self.machine, self.budget, n_ctx=_ctx(facts, self.n_ctx),
+                         kv_type=self.kv_type)
+
+
+def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_budget: str | None,
+            offline: bool = False, notify: Notify = lambda _: None,
+            progress: bool = False) -> Resolved:
+    """Pick (pulling or quantizing if need be) what to load so that it fits; a LocalinferError
+    naming the shortfall and what would make it fit when nothing does."""
+    if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
+        raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
+    machine = rules.detect_machine()
+    override = memory_budget or settings.load().memory_budget
+    fitting = Fitting(machine, rules.budget(machine, rules.parse_size(override) if override else None),
+                      n_ctx, kv_type)
+    _, cat, store = refs.context()
+    if quant.lower() != "auto" and ":" not in model and not refs.looks_like_path(model):
+        model = f"{model}:{quant}"
+    ref = refs.parse_ref(model, cat)
+    if ref.path is not None or ":" in model:
+        path = ref.path or store.find(ref.spec.name, ref.quant)
+        if path is None:          # to be pulled: nothing to measure yet
+            return Resolved(model, n_ctx, kv_type or "f16", ())
+        smaller = ("`localinfer quantize`" if ref.path else
+                   f"`{ref.spec.name}` with --quant auto picks or makes one")
+        return _fixed(model, memory.facts_from_file(path), fitting, smaller)
+    if not any(m.name == ref.spec.name for m in store.installed()):
+        # Nothing on disk to read the model's facts from: pull the default variant, then fit.
+        refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
+    return _best_variant(ref.spec, store, fitting, notify=notify, progress=progress)
+
+
+def _fixed(model: str, facts: memory.ModelFacts, fitting: Fitting, smaller: str) -> Resolved:
+    placement = fitting.place(facts)
+    if not placement.fits:
+        raise LocalinferError(rules.does_not_fit(
+            model, facts, fitting.machine, fitting.budget, kv_type=fitting.kv_type,
+            smaller_quant=smaller))
+    return Resolved(model, placement.n_ctx, placement.kv_type, placement.notes)
+
+
+def _best_variant(spec, store, fitting: Fitting, *, notify: Notify, progress: bool) -> Resolved:
+    on_disk = {m.quant: m.path for m in store.installed() if m.name == spec.name}
+    candidates = [rules.Candidate(q, memory.facts_from_file(p), True) for q, p in on_disk.items()]
+    base = candidates[0].facts
+    for quant, variant in spec.variants.items():
+        if quant not in on_disk and variant.size:   # pullable, with a known size to reason about
+            scaled = replace(base, file_size=variant.size,
+                             repackable_bytes=int(base.repackable_bytes * variant.size / base.file_size))
+            candidates.append(rules.Candidate(quant, scaled, False))
+    choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
+                                n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type)
+    if choice is not None:
+        quant, placement = choice[0].quant, choice[1]
+    else:
+        smallest = min((c for c in candidates if c.on_disk), key=lambda c: c.facts.file_size)
+        quant, placement = _quantize_to_fit(spec.name, on_disk, fitting, smallest,
+                                            notify=notify, progress=progress)
+    notes = placement.notes
+    if quant != spec.default_quant:
+        notes = (f"using {spec.name}:{quant}, the most precise variant that fits", *notes)
+    return Resolved(f"{spec.name}:{quant}", placement.n_ctx, placement.kv_type, notes)
+
+
+def _ctx(facts: memory.ModelFacts, n_ctx: int) -> int:
+    return n_ctx or min(facts.context_length or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+
+
+def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
+                     smallest: rules.Candidate, *, notify: Notify,
+                     progress: bool) -> tuple[str, rules.Placement]:
+    """Quantize the most precise variant on disk into the best type that fits; keep it in the
+    store. Plans come from llama.cpp's dry run, so each size is exact before anything is written."""
+    from localinfer.quant import jobs, quantize
+    source_quant = quantize.best_on_disk(list(on_disk))
+    source = on_disk[source_quant]
+    facts = memory.facts_from_file(source)
+    for qtype in AUTO_TYPES:
+        if qtype in on_disk:      # already placed above, and it did not fit
+            continue
+        plan = quantize.plan(source, qtype)
+        if plan.needs_imatrix:
+            continue
+        planned = jobs.planned_facts(facts, plan)
+        placement = fitting.place(planned)
+        if placement.fits:
+            detail = "; requantizing costs a little quality" if plan.requantized_types else ""
+            _make(source, name, qtype, progress=progress, notify=notify,
+                  message=f"quantizing {name}:{source_quant} to {qtype} to fit the memory budget "
+                          f"(once: kept in the store as {name}:{qtype}{detail})")
+            return qtype, placement
+        if planned.file_size < smallest.facts.file_size:
+            smallest = rules.Candidate(qtype, planned, False)
+    raise LocalinferError(rules.does_not_fit(
+        f"{name} (smallest: {smallest.quant})", smallest.facts, fitting.machine, fitting.budget,
+        kv_type=fitting.kv_type, smaller_quant=None))
+
+
+def _make(source: Path, name: str, qtype: str, *, progress: bool, notify: Notify,
+          message: str) -> None:
+    from localinfer.quant import jobs, quantize
+    _, _, store = refs.context()
+    with store.lock(name, qtype):           # a second process waits, then finds the file made
+        dst = store.path_for(name, qtype)
+        if dst.is_file():
+            return
+        notify(message)
+        with jobs.progress_bar(progress) as bar:
+            quantize.quantize_file(source, dst, qtype, allow_requantize=True, progress=bar)

@@ -1,0 +1,129 @@
+"""`localinfer devices`: what this machine offers, and which backend `run` would pick, and why."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+import psutil
+
+from localinfer import backends
+from localinfer.cli import console
+
+# SIMD extensions that decide llama.cpp's kernel speed, as /proc/cpuinfo names them.
+_SIMD_FLAGS = ("sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f",
+               "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "asimd",
+               "asimddp", "sve", "sve2", "i8mm")
+
+
+def detect() -> dict:
+    cpu_name, flags = _cpu_info()
+    memory = psutil.virtual_memory()
+    facts = {
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "cpu": cpu_name,
+        "physical_cores": psutil.cpu_count(logical=False),
+        "logical_cores": psutil.cpu_count(),
+        "simd": [f for f in _SIMD_FLAGS if f in flags],
+        "ram_total": memory.total,
+        "ram_available": memory.available,
+        "apple_silicon": is_apple_silicon(),
+        "onnxruntime_providers": _onnx_providers(),
+        "backends": _backend_facts(),
+    }
+    try:
+        available = backends.available_backends()
+        choice = backends.choose("auto", None, available, lambda name, arch: True,
+                                 backends.auto_blockers(available))
+        facts["run_would_use"] = {"backend": choice.backend, "reason": choice.reason}
+    except Exception as e:   # no backend installed: say so rather than fail the report
+        facts["run_would_use"] = {"backend": None, "reason": str(e)}
+    return facts
+
+
+def is_apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where unknown)."""
+    return _cpu_info()[1]
+
+
+def _cpu_info() -> tuple[str, set[str]]:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        name, flags = platform.processor() or platform.machine(), set()
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model", "Hardware") and value.strip():
+                name = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+        return name, flags
+    if platform.system() == "Darwin":
+        return _sysctl("machdep.cpu.brand_string") or platform.machine(), \
+            {"asimd"} if platform.machine() == "arm64" else set()
+    return platform.processor() or platform.machine(), set()
+
+
+def _sysctl(key: str) -> str | None:
+    import subprocess
+    try:
+        return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _onnx_providers() -> list[str] | None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return list(onnxruntime.get_available_providers())
+
+
+def _backend_facts() -> dict:
+    facts = {}
+    for name, available in backends.available_backends().items():
+        entry: dict = {"available": available}
+        if available:
+            try:
+                entry.update(backends.get(name).describe())
+            except Exception as e:
+                entry["error"] = str(e)
+        facts[name] = entry
+    return facts
+
+
+def show(facts: dict, *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(facts, indent=2) + "\n")
+        return
+    rows = [
+        ["cpu", f"{facts['cpu']} ({facts['machine']})"],
+        ["cores", f"{facts['physical_cores']} physical, {facts['logical_cores']} logical"],
+        ["simd", " ".join(facts["simd"]) or "none detected"],
+        ["ram", f"{console.human_size(facts['ram_available'])} available of "
+                f"{console.human_size(facts['ram_total'])}"],
+        ["apple silicon", "yes (Metal)" if facts["apple_silicon"] else "no"],
+        ["onnxruntime", ", ".join(facts["onnxruntime_providers"])
+         if facts["onnxruntime_providers"] is not None else "not installed"],
+    ]
+    for name, entry in facts["backends"].items():
+        if not entry["available"]:
+            rows.append([f"backend {name}", "not installed"])
+            continue
+        gpu = "GPU offload" if entry.get("gpu_offload") else "CPU only (no GPU offload in this build)"
+        if name == "mlx":
+            gpu = "Metal" if entry.get("metal") else "CPU build (no Metal)"
+            gpu += f"; runs {', '.join(entry.get('architectures', []))}"
+        rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
+    use = facts["run_would_use"]
+    rows.append(["run would use", f"{use['backend']}: {use['reason']}"])
+    console.print_table(["DEVICE", "VALUE"], rows)

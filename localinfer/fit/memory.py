@@ -1,0 +1,196 @@
+"""How much memory running a model takes: weights + KV cache + compute buffers + runtime overhead.
+
+Pure functions of a model's facts (read from its GGUF header) and a request, so that placement can
+be tested on described machines. Each term follows what llama.cpp (the version we ship) allocates
+on a CPU and what of it becomes resident:
+
+- weights: the file is memory-mapped and every page is read, so the whole file counts; on x86 with
+  AVX2 some tensor types are also copied into an interleaved ("repacked") layout, which counts twice.
+- KV cache: n_ctx cells in every layer. Sliding-window layers get a full-size cache too, because this
+  llama.cpp allocates them full size by default (`swa_full`); with swa_full off they are sized by
+  their window.
+- compute buffer: activations for one micro-batch plus the attention mask, and the logits rows that
+  are really written (llama.cpp reserves n_outputs_max rows of vocabulary-sized floats, but pages of
+  rows never written stay untouched and do not count).
+- overhead: the Python interpreter with numpy and llama.cpp loaded, plus llama.cpp's vocabulary
+  tables, which grow with the vocabulary (measured on the build machine; see RUNTIME_* below).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from localinfer.models.gguf_checks import checked_header
+from localinfer.models.gguf_header import ArrayInfo, Header
+
+MIB = 1 << 20
+# Measured on the build machine (x86-64, Python 3.11, llama-cpp-python 0.3.36, typer 0.28): peak
+# RSS of a `localinfer run` minus every buffer llama.cpp reports is this constant plus this much per
+# token of vocabulary (llama.cpp's token tables and the tokenizer's maps). typer 0.29 would add
+# ~15 MB (it imports pydantic).
+RUNTIME_BASE = 57 * MIB
+RUNTIME_PER_VOCAB_TOKEN = 120
+KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}
+KV_PAD = 256                  # llama.cpp rounds the number of KV cells up to this
+N_UBATCH = 512                # micro-batch the backend decodes with (LoadOptions.n_batch)
+N_OUTPUTS_MAX = 64            # logits rows one decode call returns at most (backends MAX_OUTPUTS)
+# Tensor types llama.cpp's CPU backend repacks on x86 with AVX2 when ne[1] % 8 == 0.
+REPACKED_X86_AVX2 = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the memory estimate needs to know about one model file."""
+
+    architecture: str
+    file_size: int
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_vocab: int
+    kv_dims: tuple[int, ...]           # per layer: n_head_kv * (head_dim_k + head_dim_v)
+    swa_layers: tuple[bool, ...]       # per layer: uses a sliding window
+    sliding_window: int
+    repackable_bytes: int              # bytes of tensors the CPU backend may repack
+    context_length: int
+
+
+@dataclass(frozen=True)
+class Request:
+    n_ctx: int
+    kv_type: str = "f16"
+    logits_rows: int = 1               # rows of logits written per call: 1 for run, 64 for eval
+    swa_full: bool = True              # the llama.cpp default in this version
+    repack: bool = True                # x86 with AVX2 (see devices)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights: int
+    kv_cache: int
+    compute: int
+    overhead: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """Peak resident memory when memory is plentiful (what `ps` shows)."""
+        return self.weights + self.kv_cache + self.compute + self.overhead
+
+    @property
+    def required(self) -> int:
+        """What must fit: the mapped originals of repacked weights are clean file pages that are
+        never read again, so the kernel reclaims them under memory pressure."""
+        return self.total - self.parts.get("repacked", 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"weights": self.weights, "kv_cache": self.kv_cache, "compute": self.compute,
+                "overhead": self.overhead, "total": self.total, "required": self.required,
+                **self.parts}
+
+
+# -- facts from a GGUF header ----------------------------------------------------------------------
+def facts_from_file(path: Path) -> ModelFacts:
+    # Checked: block_count, head counts and sizes are whole numbers in llama.cpp's ranges.
+    return facts_from_header(checked_header(path), path.stat().st_size)
+
+
+def facts_from_header(header: Header, file_size: int) -> ModelFacts:
+    meta = header.metadata
+    arch = str(meta.get("general.architecture", "llama"))
+
+    def key(name: str, default=None):
+        return meta.get(f"{arch}.{name}", default)
+
+    n_layer = int(key("block_count", 0))
+    n_embd = int(key("embedding_length", 0))
+    n_head = _per_layer(key("attention.head_count", 1), n_layer)
+    n_head_kv = _per_layer(key("attention.head_count_kv", key("attention.head_count", 1)), n_layer)
+    head_k = key("attention.key_length")
+    head_v = key("attention.value_length")
+    # A model without attention (Mamba, RWKV) has 0 heads, and no KV cache to size.
+    kv_dims = tuple(kv * (int(head_k or n_embd // h) + int(head_v or n_embd // h)) if h else 0
+                    for kv, h in zip(n_head_kv, n_head))
+    window = int(key("attention.sliding_window", 0) or 0)
+    return ModelFacts(
+        architecture=arch, file_size=file_size, n_layer=n_layer, n_embd=n_embd,
+        n_ff=max(_per_layer(key("feed_forward_length", 4 * n_embd), n_layer), default=0),
+        n_vocab=_vocab_size(meta), kv_dims=kv_dims,
+        swa_layers=_swa_layers(arch, n_layer, window, key("attention.sliding_window_pattern")),
+        sliding_window=window, repackable_bytes=_repackable(header),
+        context_length=int(key("context_length", 0) or 0))
+
+
+def _per_layer(value, n_layer: int) -> list[int]:
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    return [int(value)] * n_layer
+
+
+def _vocab_size(meta: dict) -> int:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return tokens.length if isinstance(tokens, ArrayInfo) else len(tokens or [])
+
+
+def _swa_layers(arch: str, n_layer: int, window: int, pattern) -> tuple[bool, ...]:
+    if not window:
+        return (False,) * n_layer
+    if isinstance(pattern, list):
+        return tuple(bool(p) for p in pattern)
+    # Gemma 2 alternates; Gemma 3 has one global layer after every five local ones.
+    period = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4}.get(arch, int(pattern or 0))
+    if not period:
+        return (True,) * n_layer
+    return tuple((il + 1) % period != 0 for il in range(n_layer))
+
+
+def _repackable(header: Header) -> int:
+    # Only weights multiplied in a MUL_MAT are repacked; token_embd is read by rows (GET_ROWS).
+    return sum(t.n_bytes for t in header.tensors
+               if t.type_name in REPACKED_X86_AVX2 and len(t.shape) >= 2
+               and t.shape[1] % 8 == 0 and t.shape[0] % 8 == 0
+               and not t.name.startswith("token_embd"))
+
+
+# -- the estimate ----------------------------------------------------------------------------------
+def estimate(facts: ModelFacts, request: Request) -> Estimate:
+    weights = facts.file_size + (facts.repackable_bytes if request.repack else 0)
+    kv = kv_cache_bytes(facts, request)
+    logits = request.logits_rows * facts.n_vocab * 4
+    compute = _activations(facts, request) + logits + logits   # compute rows + output buffer copy
+    overhead = RUNTIME_BASE + RUNTIME_PER_VOCAB_TOKEN * facts.n_vocab
+    parts = {"repacked": facts.repackable_bytes if request.repack else 0, "logits": 2 * logits}
+    return Estimate(weights, kv, compute, overhead, parts)
+
+
+def kv_cells(facts: ModelFacts, request: Request, swa: bool) -> int:
+    cells = -(-request.n_ctx // KV_PAD) * KV_PAD
+    if swa and not request.swa_full:
+        window = -(-(facts.sliding_window + N_UBATCH) // KV_PAD) * KV_PAD
+        cells = min(cells, window)
+    return cells
+
+
+def kv_cache_bytes(facts: ModelFacts, request: Request) -> int:
+    per_value = KV_TYPE_BYTES[request.kv_type]
+    return int(sum(kv_cells(facts, request, swa) * dims * per_value
+                   for dims, swa in zip(facts.kv_dims, facts.swa_layers)))
+
+
+def _activations(facts: ModelFacts, request: Request) -> int:
+    # One micro-batch of hidden states through the widest layer, plus the f16 attention mask over
+    # all cells (flash attention is on for CPU, so no n_ctx x n_ctx score matrix).
+    cells = -(-request.n_ctx // KV_PAD) * KV_PAD
+    return N_UBATCH * max(facts.n_ff, 4 * facts.n_embd) * 4 + cells * N_UBATCH * 2
+
+
+def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) -> ModelFacts:
+    """The same model at another quantization (sizes from a quantization plan)."""
+    return replace(facts, file_size=file_size, repackable_bytes=repackable_bytes)
+
+
+def cpu_repacks() -> bool:
+    """Whether this CPU's llama.cpp backend repacks weights (x86 with AVX2)."""
+    from localinfer.fit import machine
+    return "avx2" in machine.cpu_flags()

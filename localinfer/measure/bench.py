@@ -1,0 +1,89 @@
+"""`localinfer bench`: prefill and decode speed through the same decode loop `run` uses.
+
+The tests mirror llama-bench so the two can be compared: pp = one prompt of n_prompt tokens into an
+empty cache; tg = n_gen single-token steps from an almost empty cache; one warm-up run of each first.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Callable
+
+from localinfer.cli import console
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.models import refs
+
+_FILLER = ("The quick brown fox jumps over the lazy dog while the river runs to the sea. "
+           "Numbers like 42, 1.5 and 1024 appear; so do names, places and punctuation! ")
+
+
+def measure(loaded: refs.LoadedModel, *, n_prompt: int, n_gen: int, repetitions: int,
+            progress: Callable[[str], None] | None = None) -> dict:
+    session = loaded.session
+    cache = KVCache(session)
+    prompt = _prompt_tokens(session, n_prompt)
+    start = [prompt[0]]
+    greedy = make_sampler(SamplingParams(temperature=0))
+    prefill, ttft, decode = [], [], []
+    for rep in range(repetitions + 1):          # rep 0 warms caches and is not counted
+        cache.clear()
+        pp = _run(cache, prompt, greedy, 1)
+        cache.clear()
+        tg = _run(cache, start, greedy, n_gen + 1)   # n_gen decode steps after the first token
+        if rep == 0:
+            continue
+        prefill.append(pp.prefill_tps)
+        ttft.append(pp.ttft_s)
+        decode.append(tg.decode_tps)
+        if progress:
+            progress(f"run {rep}/{repetitions}: pp {pp.prefill_tps:.1f} t/s, "
+                     f"tg {tg.decode_tps:.1f} t/s")
+    return {
+        "model": loaded.ref.display, "path": str(loaded.path), "backend": loaded.backend,
+        "threads": _threads(loaded), "n_prompt": n_prompt, "n_gen": n_gen,
+        "repetitions": repetitions, "load_s": round(loaded.load_s, 4),
+        "prefill_tps": _summary(prefill), "decode_tps": _summary(decode), "ttft_s": _summary(ttft),
+    }
+
+
+def _run(cache: KVCache, prompt: list[int], sampler, n_tokens: int):
+    generation = Generation(cache, prompt, sampler, Limits(max_tokens=n_tokens, ignore_eos=True))
+    for _ in generation:
+        pass
+    return generation.stats
+
+
+def _prompt_tokens(session, n: int) -> list[int]:
+    text_tokens = session.tokenize(_FILLER, special=False)
+    tokens = refs.with_bos(session, [])
+    while len(tokens) < n:
+        tokens.extend(text_tokens)
+    return tokens[:n]
+
+
+def _threads(loaded: refs.LoadedModel) -> int:
+    return getattr(loaded.session, "n_threads", 0)
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "values": [round(v, 3) for v in values]}
+
+
+def show(result: dict, *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    console.note(f"{result['model']} on {result['backend']}, {result['threads']} threads, "
+                 f"{result['repetitions']} runs (median, min–max)")
+    rows = []
+    for label, key, unit in ((f"prefill pp{result['n_prompt']}", "prefill_tps", "t/s"),
+                             (f"decode tg{result['n_gen']}", "decode_tps", "t/s"),
+                             ("time to first token", "ttft_s", "s")):
+        s = result[key]
+        rows.append([label, f"{s['median']:.3f} {unit}" if unit == "s" else f"{s['median']:.1f} {unit}",
+                     f"{s['min']:.3f}–{s['max']:.3f}" if unit == "s" else f"{s['min']:.1f}–{s['max']:.1f}"])
+    console.print_table(["TEST", "MEDIAN", "RANGE"], rows)

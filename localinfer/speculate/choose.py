@@ -1,0 +1,132 @@
+"""From `--draft MODEL|auto|lookup|self|none` to a drafter, and from a drafter to a generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from localinfer import settings
+from localinfer.backends import LoadOptions
+from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.errors import LocalinferError
+from localinfer.models import refs
+from localinfer.models.gguf_header import read_header
+from localinfer.models.store import Store
+from localinfer.speculate import exactness
+from localinfer.speculate.drafters import Drafter, DraftModel, PromptLookup, check_vocabulary
+from localinfer.speculate.verify import SpecStats, SpeculativeGeneration
+
+DRAFT_CHOICES = ("auto", "lookup", "self", "none")
+SELF_DRAFT_QUANT = "Q4_0"       # fast on every CPU backend (repacked kernels) and below 4.5 bits
+FALLBACK_SELF_QUANT = "Q2_K"    # when the target itself is Q4_0 already
+_Q4_0_FILE_TYPE = 2             # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_0
+
+Notify = Callable[[str], None]
+
+
+def open_drafter(choice: str, target: refs.LoadedModel, *, options: LoadOptions, offline: bool,
+                 notify: Notify) -> Drafter | None:
+    """The drafter --draft names; None for `none`. `auto` never fails: lookup is always there."""
+    choice = choice.strip()
+    if choice == "none":
+        return None
+    if choice == "lookup":
+        return PromptLookup()
+    if choice == "auto":
+        return _auto(target, options, notify)
+    if choice == "self":
+        path = self_draft(target, notify=notify)
+        return _draft_model(path, f"self ({path.name})", target, options)
+    _, cat, store = refs.context()
+    ref = refs.parse_ref(choice, cat)
+    path = refs.locate(ref, store, offline=offline, progress=False, notify=notify)
+    return _draft_model(path, ref.display, target, options)
+
+
+def _auto(target: refs.LoadedModel, options: LoadOptions, notify: Notify) -> Drafter:
+    """The catalogue's draft model when it is on disk, else prompt lookup; never an error."""
+    path = _catalogue_draft_on_disk(target)
+    if path is None:
+        return PromptLookup()
+    try:
+        return _draft_model(path, path.stem, target, options)
+    except LocalinferError as e:       # e.g. a user catalogue naming an incompatible draft
+        notify(f"not using draft model {path.name} ({e}); using prompt lookup")
+        return PromptLookup()
+
+
+def _draft_model(path: Path, name: str, target: refs.LoadedModel,
+                 options: LoadOptions) -> DraftModel:
+    ref = refs.ModelRef(display=name, spec=None, quant=None, path=path)
+    # The draft follows the target's sequence, so it needs the target's context length.
+    draft_options = LoadOptions(n_ctx=target.session.n_ctx, n_threads=options.n_threads,
+                                verbose=options.verbose)
+    loaded = refs.load(ref, path, backend=target.backend, options=draft_options)
+    try:
+        check_vocabulary(target.session, loaded.session, name)
+    except BaseException:
+        loaded.session.close()
+        raise
+    return DraftModel(loaded.session, name=f"model {name}")
+
+
+def _catalogue_draft_on_disk(target: refs.LoadedModel) -> Path | None:
+    spec = target.ref.spec
+    if spec is None or not spec.draft:
+        return None
+    _, cat, store = refs.context()
+    draft = cat.get(spec.draft)
+    return store.find(draft.name, draft.default_quant) if draft else None
+
+
+def self_draft(target: refs.LoadedModel, *, notify: Notify) -> Path:
+    """A lower-precision quant of the target, made once with the quantizer and kept in the store."""
+    from localinfer.quant import quantize
+    conf = settings.load()
+    store = Store(conf.models_dir)
+    name = target.ref.spec.name if target.ref.spec else quantize.store_name_for(target.path)
+    file_type = read_header(target.path).metadata.get("general.file_type")
+    quant = FALLBACK_SELF_QUANT if file_type == _Q4_0_FILE_TYPE else SELF_DRAFT_QUANT
+    with store.lock(name, quant):
+        found = store.find(name, quant)
+        if found and found.resolve() != target.path.resolve():
+            return found
+        dst = store.path_for(name, quant)
+        notify(f"making a {quant} draft of {target.ref.display} (once; kept as {dst.name})")
+        quantize.quantize_file(target.path, dst, quant, allow_requantize=True,
+                               threads=getattr(target.session, "n_threads", 0))
+        return dst
+
+
+def exact_chunk(target: refs.LoadedModel) -> int:
+    """Most tokens one verification eval may carry on this model and engine (cached probe)."""
+    conf = settings.load()
+    return exactness.exact_batch(target.session, target.path, target.backend,
+                                 conf.cache_dir / "exact_batch.json")
+
+
+def generation(target: refs.LoadedModel, cache: KVCache, prompt: Sequence[int],
+               params: SamplingParams, limits: Limits, drafter: Drafter | None, *,
+               max_draft: int, chunk: int | None = None,
+               adaptive: bool = True) -> Generation | SpeculativeGeneration:
+    """Plain decoding without a drafter, speculative decoding with one.
+
+    `adaptive=False` drafts `max_draft` tokens every round (tests and benchmarks of the rule itself).
+    """
+    if drafter is None or max_draft == 0:
+        return Generation(cache, prompt, make_sampler(params), limits)
+    if chunk is None:
+        chunk = exact_chunk(target)
+        if cache.session.n_past != len(cache.tokens):   # a probe ran and emptied the KV cache
+            cache.clear()
+    return SpeculativeGeneration(cache, prompt, params, limits, drafter, max_draft=max_draft,
+                                 chunk=chunk, adaptive=adaptive)
+
+
+def describe(stats: SpecStats) -> str:
+    """The -v line: what was drafted and kept, and the decode speed-up against plain decoding."""
+    speedup = f"{stats.speedup:.2f}x vs plain estimate" if stats.speedup else "no plain estimate"
+    return (f"speculation: {stats.drafter} · drafted {stats.drafted} · accepted {stats.accepted} "
+            f"({stats.acceptance:.0%}) in {stats.rounds} rounds · verify chunk ≤ {stats.chunk} · "
+            f"plain step {stats.plain_step_s * 1000:.1f} ms · decode {speedup}")

@@ -1,0 +1,262 @@
+"""Speculative decoding: a drafter guesses, the target verifies the guesses in one batch.
+
+The output is exactly the target's. Greedy: a guess is kept while it equals the target's own
+argmax, and the target's token replaces the first wrong one. Sampling: the speculative-sampling rule
+(keep a guess with probability min(1, p/q), else draw from the normalised max(0, p − q)), which
+leaves the distribution of every token equal to the target's p. Verification batches are cut into
+chunks no longer than the engine evaluates bit-identically to single steps (see exactness.py), so
+greedy output is the same token for token as plain decoding's.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from localinfer.engine.decode import KVCache, Limits, Stats, StopMatcher
+from localinfer.engine.sampling import (SamplingParams, apply_repeat_penalty, candidate_probs,
+                                        make_sampler)
+from localinfer.errors import LocalinferError
+from localinfer.speculate.adaptive import Controller
+from localinfer.speculate.drafters import Distribution, Draft, Drafter
+
+HISTORY_TAIL = 256      # the repeat penalty looks back at most this far (repeat_last_n ≤ this)
+
+
+@dataclass
+class SpecStats(Stats):
+    """Stats plus what speculation did; the plain estimate uses the measured single-step time."""
+
+    drafter: str = ""
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    chunk: int = 0                # the most tokens verified per eval (exactness limit)
+    plain_step_s: float = 0.0     # measured time of one plain decode step
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def speedup(self) -> float:
+        """Decode time plain decoding would have taken (steps × measured step) over the actual."""
+        steps = self.generated_tokens - 1
+        if steps <= 0 or self.decode_s <= 0 or self.plain_step_s <= 0:
+            return 0.0
+        return steps * self.plain_step_s / self.decode_s
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "speculation": {
+            "drafter": self.drafter, "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance": round(self.acceptance, 4), "rounds": self.rounds,
+            "verify_chunk": self.chunk, "plain_step_ms": round(self.plain_step_s * 1000, 3),
+            "speedup_vs_plain_estimate": round(self.speedup, 3)}}
+
+
+class SamplingPolicy:
+    """The target's sampling filters as a distribution (for the acceptance rule) and a chooser."""
+
+    def __init__(self, params: SamplingParams, rng: np.random.Generator | None = None) -> None:
+        self.params = params
+        self.greedy = params.temperature == 0
+        self.rng = rng or np.random.default_rng(params.rng_seed)
+        self._plain = make_sampler(params)   # greedy choices go through the plain sampler itself
+
+    def choose(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        if self.greedy:
+            return self._plain(logits, history)
+        return self.draw(self.distribution(logits, history))
+
+    def distribution(self, logits: np.ndarray, history: Sequence[int]) -> Distribution:
+        p = self.params
+        if p.repeat_penalty != 1.0 and history:
+            logits = apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
+        if self.greedy:
+            return np.array([int(np.argmax(logits))]), np.array([1.0])
+        return candidate_probs(logits, p)
+
+    def draw(self, dist: Distribution) -> int:
+        ids, probs = dist
+        return int(ids[min(int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum(),
+                                                side="right")), len(ids) - 1)])
+
+
+def accept_or_resample(p: Distribution, guess: int, q: Distribution | None,
+                       rng: np.random.Generator) -> int | None:
+    """The speculative-sampling rule for one guess: None to keep it, else the token to emit instead.
+
+    q None means the drafter proposed `guess` with certainty (prompt lookup).
+    """
+    p_ids, p_probs = p
+    p_guess = float(p_probs[p_ids == guess].sum())
+    q_guess = 1.0 if q is None else float(q[1][q[0] == guess].sum())
+    if q_guess > 0 and rng.random() * q_guess < p_guess:      # probability min(1, p/q)
+        return None
+    residual = p_probs.astype(np.float64).copy()
+    if q is None:
+        residual[p_ids == guess] = 0.0
+    else:
+        q_on_p = np.zeros_like(residual)
+        lookup = dict(zip(q[0].tolist(), q[1].tolist()))
+        q_on_p[:] = [lookup.get(t, 0.0) for t in p_ids.tolist()]
+        residual = np.maximum(residual - q_on_p, 0.0)
+    total = residual.sum()
+    if total <= 0:          # p ≤ q everywhere means p == q: the guess is always kept above
+        return guess
+    cumulative = np.cumsum(residual)
+    at = int(np.searchsorted(cumulative, rng.random() * total, side="right"))
+    return int(p_ids[min(at, len(p_ids) - 1)])
+
+
+class SpeculativeGeneration:
+    """Like decode.Generation (iterate for text pieces; `stats` complete at the end), with a drafter.
+
+    Per round: emit a token, ask the controller how many guesses pay, let the drafter propose them,
+    evaluate [token, guesses…] in exact chunks, keep the agreeing prefix, trim the rest.
+    """
+
+    def __init__(self, cache: KVCache, prompt: Sequence[int], params: SamplingParams,
+                 limits: Limits, drafter: Drafter, *, max_draft: int = 8, chunk: int = 1,
+                 adaptive: bool = True) -> None:
+        self.cache, self.prompt, self.limits, self.drafter = cache, list(prompt), limits, drafter
+        self.policy = SamplingPolicy(params)
+        self.control = Controller(max_draft, chunk, adaptive=adaptive)
+        self.stats = SpecStats(prompt_tokens=len(prompt), drafter=drafter.name, chunk=chunk)
+        self.tokens: list[int] = []
+        self.history: list[int] = []
+
+    # -- the loop --------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[str]:
+        stats = self.stats
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopMatcher(self.limits.stop)
+        start = time.perf_counter()
+        logits, stats.cached_tokens = self.cache.prefill(self.prompt)
+        self.drafter.prepare(self.prompt)
+        stats.prefill_s = time.perf_counter() - start
+        self._start, self._first = start, 0.0
+        self.history = list(self.prompt)
+        forced: int | None = None
+        try:
+            while True:
+                token = forced if forced is not None else self.policy.choose(logits, self._tail())
+                text, done = self._take(token)
+                if text:
+                    yield text
+                if done:
+                    break
+                logits, forced, accepted = self._advance(token)
+                for guess in accepted:
+                    text, done = self._take(guess)
+                    if text:
+                        yield text
+                    if done:
+                        return
+        finally:
+            stats.plain_step_s = self.control.plain_step_s()
+        tail = self._stops.flush() + self._utf8.decode(b"", final=True)
+        if tail:
+            yield tail
+
+    def _take(self, token: int) -> tuple[str, bool]:
+        """Emit one token as plain decoding would; returns (text, whether generation ends)."""
+        stats, limits, session = self.stats, self.limits, self.cache.session
+        now = time.perf_counter()
+        if not self.tokens:
+            self._first = now
+            stats.ttft_s = now - self._start
+        stats.decode_s = now - self._first
+        if session.is_eog(token) and not limits.ignore_eos:
+            stats.finish_reason = "stop"
+            return "", True
+        self.tokens.append(token)
+        self.history.append(token)
+        stats.generated_tokens = len(self.tokens)
+        text, stopped = self._stops.feed(self._utf8.decode(session.piece(token)))
+        if stopped:
+            stats.finish_reason = "stop"
+            return text, True
+        if len(self.tokens) == limits.max_tokens:
+            stats.finish_reason = "length"
+            return text, True
+        # Plain decoding stops once the token just emitted has no KV slot left.
+        if len(self.prompt) + len(self.tokens) - 1 >= session.n_ctx:
+            stats.finish_reason = "context"
+            return text, True
+        return text, False
+
+    def _advance(self, token: int) -> tuple[np.ndarray | None, int | None, list[int]]:
+        """Evaluate `token` (plus guesses); returns (next logits or None, forced next, accepted)."""
+        k = self.control.draft_length(self._room())
+        draft = self.drafter.propose(self.history, k, self.policy) if k else Draft()
+        if not draft.tokens:
+            start = time.perf_counter()
+            logits = self.cache.step(token)
+            self.control.record_step(time.perf_counter() - start)
+            return logits, None, []
+        logits, forced, accepted = self._verify(token, draft)
+        self.stats.rounds += 1
+        self.stats.drafted += len(draft.tokens)
+        self.stats.accepted += len(accepted)
+        self.control.record_round(len(draft.tokens), len(accepted), draft.seconds)
+        return logits, forced, accepted
+
+    def _room(self) -> int:
+        """Most guesses worth drafting: none past max_tokens, none past the context."""
+        room = self.cache.session.n_ctx - len(self.cache.tokens) - 1
+        if self.limits.max_tokens > 0:
+            room = min(room, self.limits.max_tokens - len(self.tokens) - 1)
+        return room
+
+    def _verify(self, token: int, draft: Draft) -> tuple[np.ndarray | None, int | None, list[int]]:
+        batch, guesses = [token, *draft.tokens], draft.tokens
+        base = len(self.cache.tokens)
+        accepted: list[int] = []
+        tail = self._tail()
+        chunk = self.control.chunk
+        for first in range(0, len(batch), chunk):
+            part = batch[first:first + chunk]
+            start = time.perf_counter()
+            rows = extend(self.cache, part)
+            self.control.record_chunk(len(part), time.perf_counter() - start)
+            for j, row in enumerate(rows):
+                i = first + j                      # row i predicts the token after batch[i]
+                if i == len(guesses):              # every guess kept: row is the next logits
+                    return row.copy(), None, accepted
+                verdict = self._judge(row, tail + accepted, guesses[i], draft, i)
+                if verdict is not None:            # rejected: drop the guesses' KV entries
+                    rollback(self.cache, base + i + 1)
+                    return None, verdict, accepted
+                accepted.append(guesses[i])
+        raise AssertionError("the last row always ends verification")
+
+    def _judge(self, row: np.ndarray, history: list[int], guess: int, draft: Draft,
+               i: int) -> int | None:
+        if self.policy.greedy:
+            target = self.policy.choose(row, history)
+            return None if target == guess else target
+        p = self.policy.distribution(row, history)
+        q = draft.q[i] if draft.q is not None else None
+        return accept_or_resample(p, guess, q, self.policy.rng)
+
+    def _tail(self) -> list[int]:
+        return self.history[-HISTORY_TAIL:]
+
+
+def extend(cache: KVCache, tokens: Sequence[int]) -> np.ndarray:
+    """Evaluate tokens in one batch, keeping cache.tokens in step; returns one logits row each."""
+    rows = cache.session.eval(tokens, logits="all")
+    cache.tokens.extend(tokens)
+    return rows
+
+
+def rollback(cache: KVCache, n_keep: int) -> None:
+    """Forget KV entries past n_keep (rejected guesses), in the engine and in cache.tokens."""
+    if not cache.session.trim(n_keep):
+        raise LocalinferError("this backend cannot trim its KV cache; use --draft none")
+    del cache.tokens[n_keep:]

@@ -24,9 +24,17 @@ from localinfer.errors import UsageError
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 
+DEFAULT_MAX_CTX = 4096   # --ctx 0: the model's trained context, capped to keep the KV cache small
+
+
+def context_length(n_ctx: int, trained: int | None) -> int:
+    """The context a session gets: `n_ctx`, or for 0 the trained one up to DEFAULT_MAX_CTX."""
+    return n_ctx or min(trained or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+
+
 @dataclass(frozen=True)
 class LoadOptions:
-    n_ctx: int = 0                # 0: the model's trained context, capped by DEFAULT_MAX_CTX
+    n_ctx: int = 0                # 0: see context_length
     n_threads: int = 0            # 0: one per physical core
     n_batch: int = 512            # tokens per llama_decode call during prefill
     verbose: bool = False         # let the engine's own log lines through to stderr

@@ -16,12 +16,11 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from localinfer.backends import Backend, LoadOptions
+from localinfer.backends import Backend, LoadOptions, context_length
 from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.models.gguf_checks import check_model
 
-DEFAULT_MAX_CTX = 4096        # n_ctx=0 means the trained context, capped here to keep the KV cache small
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
 # --kv-type -> ggml_type ids of (K, V). The 16-bit cache keeps K in bf16, not f16: ggml's CPU
 # flash attention gives one query row a KV-split kernel once 512 or more cells are in view, and a
@@ -35,7 +34,8 @@ _GGML_KV_TYPES = {"f16": (30, 1), "q8_0": (8, 8), "q4_0": (2, 2)}
 _GGML_F16 = 1
 
 
-def _lib():
+def engine():
+    """The llama_cpp bindings (their shared library loads on first use)."""
     import llama_cpp  # lazy: importing loads the shared library
     return llama_cpp
 
@@ -51,7 +51,7 @@ class _Log:
         # Observes every fragment (level, text) as it arrives, e.g. the quantizer's per-tensor lines.
         self.listener: Callable[[int, str], None] | None = None
         self._level = 0
-        lib = _lib()
+        lib = engine()
         # Keep a reference: llama.cpp calls through this pointer for the life of the process.
         self._callback = lib.llama_log_callback(self._on_line)
         lib.llama_log_set(self._callback, ctypes.c_void_p(0))
@@ -79,11 +79,12 @@ class _Log:
 _log: _Log | None = None
 
 
-def _init(verbose: bool) -> _Log:
+def init_engine(verbose: bool) -> _Log:
+    """Start llama.cpp once per process and route its log; returns the log router."""
     global _log
     if _log is None:
         _log = _Log()
-        _lib().llama_backend_init()
+        engine().llama_backend_init()
     _log.verbose = verbose
     _log.recent.clear()
     return _log
@@ -100,7 +101,7 @@ class GGUFVocabulary:
     _vocab: ctypes.c_void_p
 
     def _init_vocabulary(self) -> None:
-        lib = _lib()
+        lib = engine()
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
         self.metadata = self._read_metadata()
@@ -110,7 +111,7 @@ class GGUFVocabulary:
         self._read_vocab_facts()
 
     def _read_metadata(self) -> dict[str, str]:
-        lib = _lib()
+        lib = engine()
         buf = ctypes.create_string_buffer(1 << 16)
         meta: dict[str, str] = {}
         for i in range(lib.llama_model_meta_count(self._model)):
@@ -122,7 +123,7 @@ class GGUFVocabulary:
         return meta
 
     def _read_vocab_facts(self) -> None:
-        lib = _lib()
+        lib = engine()
         v = self._vocab
         bos, eos = lib.llama_vocab_bos(v), lib.llama_vocab_eos(v)
         self.bos_token = bos if bos >= 0 else None
@@ -133,7 +134,7 @@ class GGUFVocabulary:
         self.architecture = self.metadata.get("general.architecture", "unknown")
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
-        lib = _lib()
+        lib = engine()
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (lib.llama_token * capacity)()
@@ -148,7 +149,7 @@ class GGUFVocabulary:
         """The bytes one token stands for (control tokens render as nothing); cached per token."""
         cached = self._pieces.get(token)
         if cached is None:
-            lib = _lib()
+            lib = engine()
             n = lib.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
             cached = self._piece_buf.raw[:max(n, 0)]
             self._pieces[token] = cached
@@ -162,24 +163,24 @@ class GGUFVocabulary:
         a 262k vocabulary at load, and remembered: a dict lookup is cheaper than a ctypes call."""
         known = self._eog.get(token)
         if known is None:
-            known = self._eog[token] = bool(_lib().llama_vocab_is_eog(self._vocab, token))
+            known = self._eog[token] = bool(engine().llama_vocab_is_eog(self._vocab, token))
         return known
 
     def token_text(self, token: int) -> str:
-        return _lib().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+        return engine().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
 
 class LlamaCppSession(GGUFVocabulary):
     """One llama.cpp model and context holding a single sequence (seq_id 0)."""
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
-        lib = _lib()
+        lib = engine()
         # Clear errors for non-GGUF, truncated and damaged files, and for the values llama.cpp
         # would abort the process on, before llama.cpp sees the file.
         check_model(path)
         self._path, self._options = path, options
         self.kv_type = options.kv_type      # part of the exactness probe's key
-        log = _init(options.verbose)
+        log = init_engine(options.verbose)
         mparams = lib.llama_model_default_params()
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -187,7 +188,7 @@ class LlamaCppSession(GGUFVocabulary):
             raise ModelLoadError(f"cannot load {path.name}: {reason}")
         self._init_vocabulary()
         trained = lib.llama_model_n_ctx_train(self._model)
-        n_ctx = options.n_ctx or min(trained, DEFAULT_MAX_CTX)
+        n_ctx = context_length(options.n_ctx, trained)
         self._ctx = self._new_context(options, n_ctx)
         if not self._ctx:
             self.close()     # frees the model, once: __del__ calls close() again
@@ -207,7 +208,7 @@ class LlamaCppSession(GGUFVocabulary):
 
     # -- loading ---------------------------------------------------------------------------------
     def _new_context(self, options: LoadOptions, n_ctx: int):
-        lib = _lib()
+        lib = engine()
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = options.n_batch
@@ -231,7 +232,7 @@ class LlamaCppSession(GGUFVocabulary):
 
     def _new_batch(self, size: int):
         """A batch whose every token belongs to sequence 0, set once here rather than per decode."""
-        batch = _lib().llama_batch_init(size, 0, 1)
+        batch = engine().llama_batch_init(size, 0, 1)
         for i in range(size):
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
@@ -270,7 +271,7 @@ class LlamaCppSession(GGUFVocabulary):
         if want_all and n > 1:
             self._row0_view = None       # more output rows than before may move the output buffer
         batch.n_tokens = n
-        rc = _lib().llama_decode(self._ctx, batch)
+        rc = engine().llama_decode(self._ctx, batch)
         if rc != 0:
             raise LocalinferError(f"llama_decode failed with code {rc} at position {pos}")
         self.n_past += n
@@ -284,13 +285,13 @@ class LlamaCppSession(GGUFVocabulary):
         call costs 20-30 µs, about 0.3% of a SmolLM2 step.
         """
         if self._row0_view is None:
-            ptr = _lib().llama_get_logits_ith(self._ctx, -1)
+            ptr = engine().llama_get_logits_ith(self._ctx, -1)
             addr = ctypes.cast(ptr, ctypes.c_void_p).value
             self._row0_view = np.frombuffer(self._logits_type.from_address(addr), dtype=np.float32)
         return self._row0_view
 
     def _all_logits(self, n_rows: int) -> np.ndarray:
-        ptr = _lib().llama_get_logits(self._ctx)
+        ptr = engine().llama_get_logits(self._ctx)
         flat = np.ctypeslib.as_array(ptr, shape=(n_rows * self.n_vocab,))
         return flat.reshape(n_rows, self.n_vocab)
 
@@ -300,20 +301,20 @@ class LlamaCppSession(GGUFVocabulary):
             return True
         if n_keep < self._trim_floor:   # cells it would need were not in the restored state
             return False
-        if not _lib().llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+        if not engine().llama_memory_seq_rm(self._mem, 0, n_keep, -1):
             return False
         self.n_past = n_keep
         return True
 
     def reset(self) -> None:
-        _lib().llama_memory_clear(self._mem, True)
+        engine().llama_memory_clear(self._mem, True)
         self.n_past = 0
         self._trim_floor = 0
 
     def state(self) -> bytes:
         # For a sliding-window model (Gemma 3) this leaves out the cells already outside the window:
         # a restored state continues exactly, but cannot be trimmed back (see sliding_window).
-        lib = _lib()
+        lib = engine()
         size = lib.llama_state_seq_get_size(self._ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = lib.llama_state_seq_get_data(self._ctx, buf, size, 0)
@@ -325,11 +326,11 @@ class LlamaCppSession(GGUFVocabulary):
         st = self._path.stat()
         return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
-                "n_batch": self.n_batch, "n_ubatch": _lib().llama_n_ubatch(self._ctx),
+                "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
                 "kv_types": list(kv_cache_types(self._options.kv_type)), "swa_full": True}
 
     def restore(self, blob: bytes, n_past: int) -> None:
-        lib = _lib()
+        lib = engine()
         self.reset()
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if lib.llama_state_seq_set_data(self._ctx, buf, len(blob), 0) != len(blob):
@@ -339,7 +340,7 @@ class LlamaCppSession(GGUFVocabulary):
         self._trim_floor = n_past - 1 if self.sliding_window and n_past > self.sliding_window else 0
 
     def close(self) -> None:
-        lib = _lib()
+        lib = engine()
         if getattr(self, "_ctx", None):
             lib.llama_batch_free(self._batch)
             lib.llama_free(self._ctx)
@@ -358,7 +359,7 @@ class LlamaCppSession(GGUFVocabulary):
 def kv_cache_types(kv_type: str) -> tuple[int, int]:
     """ggml_type ids of the K and V cache for --kv-type on this build (see _GGML_KV_TYPES)."""
     k, v = _GGML_KV_TYPES[kv_type]
-    if kv_type == "f16" and _lib().llama_supports_gpu_offload():
+    if kv_type == "f16" and engine().llama_supports_gpu_offload():
         k = _GGML_F16
     return k, v
 
@@ -371,7 +372,7 @@ def default_threads() -> int:
 
 def _is_available() -> bool:
     try:
-        _lib()
+        engine()
     except (ImportError, OSError):
         return False
     return True
@@ -387,7 +388,7 @@ def _load(path: Path, options: LoadOptions) -> LlamaCppSession:
 
 
 def describe() -> dict:
-    lib = _lib()
+    lib = engine()
     return {
         "version": _version(),
         "gpu_offload": bool(lib.llama_supports_gpu_offload()),

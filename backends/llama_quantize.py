@@ -122,7 +122,7 @@ def _load_library() -> ctypes.CDLL:
     path = Path(next(iter(spec.submodule_search_locations))) / "lib" / (name or "")
     if name and path.is_file() and settings.load().engine_lib_dir is None:
         return ctypes.CDLL(str(path))
-    import llama_cpp           # elsewhere (Windows, LLAMA_CPP_LIB_PATH): the package's own loader
+    import llama_cpp  # elsewhere (Windows, LLAMA_CPP_LIB_PATH): the package's own loader
     return llama_cpp.llama_cpp._lib
 
 
@@ -223,7 +223,7 @@ def _params(engine: _Engine, call: QuantizeCall, dry_run: bool):
 
 
 def _imatrix_array(imatrix: dict):
-    import numpy as np       # only with an importance matrix, which is numpy data already
+    import numpy as np  # only with an importance matrix, which is numpy data already
     entries = (_ImatrixEntry * (len(imatrix) + 1))()                 # last one: the terminator
     held = [entries]
     for i, (name, values) in enumerate(imatrix.items()):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localinfer.backends.llama_cpp import GGUFVocabulary, _init, _lib
+from localinfer.backends.llama_cpp import GGUFVocabulary, engine, init_engine
 from localinfer.errors import ModelLoadError
 from localinfer.models.gguf_checks import check_model
 
@@ -18,8 +18,8 @@ class LlamaVocab(GGUFVocabulary):
 
     def __init__(self, path: Path, *, verbose: bool = False) -> None:
         check_model(path)        # what llama.cpp's vocabulary loader would abort on
-        lib = _lib()
-        log = _init(verbose)
+        lib = engine()
+        log = init_engine(verbose)
         params = lib.llama_model_default_params()
         params.vocab_only = True
         self._model = lib.llama_model_load_from_file(str(path).encode(), params)
@@ -31,5 +31,5 @@ class LlamaVocab(GGUFVocabulary):
 
     def close(self) -> None:
         if getattr(self, "_model", None):
-            _lib().llama_model_free(self._model)
+            engine().llama_model_free(self._model)
             self._model = None

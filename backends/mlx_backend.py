@@ -16,11 +16,10 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from localinfer.backends import Backend, LoadOptions
+from localinfer.backends import Backend, LoadOptions, context_length
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
 from localinfer.models.gguf_header import read_header
 
-DEFAULT_MAX_CTX = 4096        # as the llama.cpp backend: the trained context, capped
 MAX_OUTPUTS = 64              # rows of logits computed at once for logits="all"
 
 
@@ -57,7 +56,7 @@ class MlxSession:
             self.model.model.embed_tokens.as_linear
         self.metadata = self._vocab.metadata
         self.n_vocab = self._vocab.n_vocab
-        self.n_ctx = options.n_ctx or min(self._vocab.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+        self.n_ctx = context_length(options.n_ctx, self._vocab.n_ctx_train)
         self.n_batch = options.n_batch
         self.bos_token, self.eos_token = self._vocab.bos_token, self._vocab.eos_token
         self.add_bos, self.chat_template = self._vocab.add_bos, self._vocab.chat_template

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import platformdirs
 
 from localinfer.errors import UsageError
+from localinfer.units import parse_size
 
 APP_NAME = "localinfer"
 # Piped input read at most: 16 MB of text is some 4 million tokens, past any model's context.
@@ -64,14 +64,14 @@ class Settings:
 
         Parsed on use, not at load, so a bad value is a one-line usage error of the command.
         """
-        return parse_bytes(self.prompt_cache_cap) if self.prompt_cache_cap.strip() else None
+        return parse_size(self.prompt_cache_cap, "LOCALINFER_PROMPT_CACHE_BYTES") if self.prompt_cache_cap.strip() else None
 
     @property
     def stdin_bytes(self) -> int:
         """The most piped input `run` reads (LOCALINFER_STDIN_BYTES, e.g. 64M)."""
         if not self.stdin_cap.strip():
             return DEFAULT_STDIN_BYTES
-        return parse_bytes(self.stdin_cap, "LOCALINFER_STDIN_BYTES")
+        return parse_size(self.stdin_cap, "LOCALINFER_STDIN_BYTES")
 
     @property
     def chat_history(self) -> Path:
@@ -105,20 +105,3 @@ def _checked_home(home: Path) -> Path:
         if exists:
             break
     return home
-
-
-_UNITS = {"": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "KI": 2 ** 10, "MI": 2 ** 20, "GI": 2 ** 30}
-
-
-def parse_bytes(text: str, name: str = "LOCALINFER_PROMPT_CACHE_BYTES") -> int:
-    """'500M', '2G', '1GiB' or a plain number of bytes; `name` is the variable it came from."""
-    value = text.strip().upper().removesuffix("B")
-    digits = value.rstrip("KMGI")
-    unit = value[len(digits):]
-    try:
-        number = float(digits) * _UNITS[unit]
-    except (ValueError, KeyError):
-        number = -1.0
-    if not math.isfinite(number) or number < 0:     # float() reads 'nan' and 'inf' too
-        raise UsageError(f"{name}={text!r} is not a size; use e.g. 2G, 500M or 0")
-    return int(number)

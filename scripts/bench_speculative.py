@@ -1,4 +1,5 @@
-"""The README's speculation table: plain vs speculative decoding, alternating, medians of ratios.
+"""The speculation table of docs/speculative-decoding.md: plain vs speculative decoding,
+alternating, medians of ratios.
 
     LOCALINFER_HOME=... python scripts/bench_speculative.py [N_GEN] [REPETITIONS] > results.jsonl
 
@@ -12,6 +13,7 @@ import json
 import sys
 
 from localinfer.backends import LoadOptions
+from localinfer.engine.load import load_model
 from localinfer.measure import speculation
 from localinfer.models import refs
 from localinfer.speculate import choose
@@ -28,7 +30,7 @@ def main() -> None:
     _, cat, store = refs.context()
     for name in MODELS:
         ref = refs.parse_ref(name, cat)
-        loaded = refs.load(ref, refs.locate(ref, store, offline=True, progress=False,
+        loaded = load_model(ref, refs.locate(ref, store, offline=True, progress=False,
                                                 notify=print), backend="auto", options=options)
         for choice, adaptive in DRAFTERS:
             drafter = choose.open_drafter(choice, loaded, options=options, offline=True,

@@ -2,7 +2,8 @@
 
 from fakes import ScriptedSession
 
-from localinfer.engine.decode import Generation, KVCache, Limits, StopMatcher, common_prefix
+from localinfer.engine.decode import Generation, Limits, StopMatcher
+from localinfer.engine.kv import KVCache, common_prefix
 from localinfer.engine.sampling import SamplingParams, make_sampler
 
 GREEDY = make_sampler(SamplingParams(temperature=0))

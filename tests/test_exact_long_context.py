@@ -15,7 +15,10 @@ import pytest
 from test_prompt_cache import _generate, _prompts, _store
 
 from localinfer.backends import LoadOptions, llama_cpp
-from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel, load_model
+from localinfer.engine.prompt import chat_tokens, raw_tokens
 from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.models import refs
 from localinfer.quant import quantize
@@ -55,29 +58,29 @@ def variants(smollm_path, gemma_path, tmp_path_factory) -> Variants:
                     tmp_path_factory.mktemp("variants"))
 
 
-def _load(path: Path) -> refs.LoadedModel:
+def _load(path: Path) -> LoadedModel:
     ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return refs.load(ref, path, backend="auto", options=OPTIONS)
+    return load_model(ref, path, backend="auto", options=OPTIONS)
 
 
-def _prompt(loaded: refs.LoadedModel, text: str) -> list[int]:
+def _prompt(loaded: LoadedModel, text: str) -> list[int]:
     if loaded.session.chat_template:
-        return refs.chat_tokens(loaded.session, [{"role": "user", "content": text}])
-    return refs.raw_tokens(loaded.session, text)
+        return chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return raw_tokens(loaded.session, text)
 
 
-def _same_as_plain(loaded: refs.LoadedModel, prompt: list[int], limits: Limits, drafter) -> None:
+def _same_as_plain(loaded: LoadedModel, prompt: list[int], limits: Limits, drafter) -> None:
     plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
     plain_text = "".join(plain)
     # Not adaptive: draft every round, so long contexts see verification batches all the time.
-    spec = choose.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
-                               max_draft=6, adaptive=False)
+    spec = choose.speculative(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
+                                max_draft=6, adaptive=False)
     assert "".join(spec) == plain_text
     assert spec.tokens == plain.tokens
     assert spec.stats.drafted > 0
 
 
-def _long_prompts(loaded: refs.LoadedModel) -> dict[str, tuple[list[int], Limits]]:
+def _long_prompts(loaded: LoadedModel) -> dict[str, tuple[list[int], Limits]]:
     """A prompt that crosses 256 tokens while generating, and one of over 1,000 tokens."""
     crossing = _prompt(loaded, CODE[:600] + "\n\nRewrite the code above with type hints.")
     long = _prompt(loaded, DOC[:5000] + "\n\nRetell the passage above in a few sentences.")

@@ -8,6 +8,7 @@ import pytest
 
 from localinfer.errors import UsageError
 from localinfer.fit import memory, rules
+from localinfer.units import parse_size
 
 GiB = 1024 ** 3
 
@@ -30,16 +31,16 @@ MACHINES = {
 
 @pytest.mark.parametrize("text, expected", [
     ("4GB", 4_000_000_000), ("512MB", 512_000_000), ("6GiB", 6 * GiB), ("1.5 GB", 1_500_000_000),
-    ("2000", 2000), ("300m", 300_000_000),
+    ("2000", 2000), ("300m", 300_000_000), ("0", 0), ("2G", 2_000_000_000), ("1KiB", 1024),
 ])
 def test_parse_size(text, expected):
-    assert rules.parse_size(text) == expected
+    assert parse_size(text, "--memory") == expected
 
 
-@pytest.mark.parametrize("text", ["4XB", "", "lots", "-1GB", "4 G B"])
+@pytest.mark.parametrize("text", ["4XB", "", "lots", "-1GB", "4 G B", "nan", "inf", "1e9"])
 def test_parse_size_refuses(text):
-    with pytest.raises(UsageError, match="cannot read the memory size"):
-        rules.parse_size(text)
+    with pytest.raises(UsageError, match=r"--memory='.*' is not a size"):
+        parse_size(text, "--memory")
 
 
 @pytest.mark.parametrize("machine, ram, vram, source", [
@@ -97,7 +98,7 @@ def test_not_fitting_message_says_needed_available_and_what_makes_it_fit():
     assert not least.fits and f"needs at least {least.needed / 1e9:.1f} GB" in line
     assert f"{budget.ram / 1e9:.1f} GB is available" in line and "smaller quant" in line
     needed = line.split("a budget of ")[1].split()[0]          # the budget it names is enough
-    assert rules.place(LLAMA_7B, m, rules.budget(m, rules.parse_size(needed)), n_ctx=4096).fits
+    assert rules.place(LLAMA_7B, m, rules.budget(m, parse_size(needed, "--memory")), n_ctx=4096).fits
     assert "--kv-type q4_0" not in line          # q4_0 KV alone would not make a 7B fit in 2.7 GB
 
 

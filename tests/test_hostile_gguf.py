@@ -23,7 +23,7 @@ import gguf_patch as gp
 import pytest
 from conftest import MODELS_HOME, run_cli
 
-from localinfer.cli import limits
+from localinfer.cli import options as limits
 from localinfer.errors import EXIT_RUNTIME, EXIT_USAGE, ModelLoadError
 from localinfer.models.gguf_checks import check_model
 from localinfer.models.gguf_header import TextInfo, read_header
@@ -221,9 +221,9 @@ def test_a_context_that_cannot_be_made_is_one_line_not_a_segfault(models_home):
 
 ABORT_IN_ENGINE = """
 import sys
-from localinfer.backends.llama_cpp import _init, _lib
-lib = _lib()
-_init(False)
+from localinfer.backends.llama_cpp import engine, init_engine
+lib = engine()
+init_engine(False)
 lib.llama_model_load_from_file(sys.argv[1].encode(), lib.llama_model_default_params())
 """
 

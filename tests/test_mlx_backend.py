@@ -20,7 +20,10 @@ from test_speculative import CODE, G_COPY, G_LIST, G_OPEN, OPEN, TYPOS
 from localinfer.backends import LoadOptions
 from localinfer.cache.prompt_cache import PromptCache
 from localinfer.engine.batching import GRAIN, LAYOUT
-from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel, load_model
+from localinfer.engine.prompt import chat_tokens, raw_tokens, with_bos
 from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.errors import LocalinferError
 from localinfer.measure import quality
@@ -44,9 +47,9 @@ def _test_home(in_models_home):
     yield
 
 
-def _load(path: Path, backend: str) -> refs.LoadedModel:
+def _load(path: Path, backend: str) -> LoadedModel:
     ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return refs.load(ref, path, backend=backend, options=OPTIONS)
+    return load_model(ref, path, backend=backend, options=OPTIONS)
 
 
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
@@ -62,7 +65,7 @@ def pair(request, smollm_path, gemma_path):
 
 def _forced_tokens(session) -> list[int]:
     tokens = session.tokenize(quality.default_text(), special=False)
-    return refs.with_bos(session, tokens)[:N_FORCED]
+    return with_bos(session, tokens)[:N_FORCED]
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -201,9 +204,9 @@ def test_tokens_are_llama_cpps(pair):
 
 def _prompts(loaded) -> list[list[int]]:
     if loaded.session.chat_template:     # SmolLM2: the chat prompts of the tests, templated
-        return [refs.chat_tokens(loaded.session, [{"role": "user", "content": text}])
+        return [chat_tokens(loaded.session, [{"role": "user", "content": text}])
                 for text in (QUESTION, TYPOS, CODE, OPEN)]
-    return [refs.raw_tokens(loaded.session, text) for text in (G_COPY, G_LIST, G_OPEN)]
+    return [raw_tokens(loaded.session, text) for text in (G_COPY, G_LIST, G_OPEN)]
 
 
 def _greedy(loaded, prompt, n=32, cache=None) -> list[int]:
@@ -259,7 +262,7 @@ def test_prompt_cache_gives_identical_greedy_output(pair, tmp_path):
     loaded = pair[0]
     session = loaded.session
     doc = session.tokenize(quality.default_text()[:3000], special=False)
-    a = refs.with_bos(session, doc[:140] + session.tokenize("\n\nIn one line:", special=False))
+    a = with_bos(session, doc[:140] + session.tokenize("\n\nIn one line:", special=False))
     identity = {**session.state_identity(), "batching": LAYOUT}
     store = PromptCache(tmp_path, identity, label="test", cap_bytes=10 ** 9)
     cold = KVCache(session, store)
@@ -278,8 +281,8 @@ def test_prompt_lookup_speculation_is_identical_to_plain(pair):
     limits = Limits(24)
     plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
     plain_text = "".join(plain)
-    gen = choose.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits,
-                              PromptLookup(), max_draft=4, adaptive=False)
+    gen = choose.speculative(loaded, KVCache(loaded.session), prompt, GREEDY, limits,
+                               PromptLookup(), max_draft=4, adaptive=False)
     assert "".join(gen) == plain_text and gen.tokens == plain.tokens
     assert gen.stats.drafted > 0 and gen.stats.accepted > 0
 

@@ -13,7 +13,8 @@ from conftest import run_cli
 from localinfer.backends import LoadOptions
 from localinfer.cache.prompt_cache import PromptCache
 from localinfer.engine.batching import LAYOUT, restore_limit
-from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import SamplingParams, make_sampler
 
 GREEDY = make_sampler(SamplingParams(temperature=0))

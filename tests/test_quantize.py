@@ -166,7 +166,7 @@ def test_quantizing_hands_the_log_back(smollm_path: Path):
     import ctypes
 
     from localinfer.backends import llama_cpp, llama_quantize
-    llama_cpp._init(verbose=False)          # the backend's router, as after loading a model
+    llama_cpp.init_engine(verbose=False)          # the backend's router, as after loading a model
 
     def current() -> int | None:
         callback, data = llama_quantize._LogCallback(), ctypes.c_void_p()

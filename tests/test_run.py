@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import GEMMA, SMOLLM, run_cli
 
 QUESTION = "Why is the sky blue?"

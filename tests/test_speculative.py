@@ -10,7 +10,10 @@ import pytest
 from conftest import GEMMA, MODELS_HOME, SMOLLM, run_cli
 
 from localinfer.backends import LoadOptions
-from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel, load_model
+from localinfer.engine.prompt import chat_tokens, raw_tokens
 from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.models import refs
 from localinfer.speculate import choose
@@ -40,9 +43,9 @@ def _test_home(in_models_home):
     yield
 
 
-def _load(path: Path) -> refs.LoadedModel:
+def _load(path: Path) -> LoadedModel:
     ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return refs.load(ref, path, backend="auto", options=OPTIONS)
+    return load_model(ref, path, backend="auto", options=OPTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +64,8 @@ def gemma(gemma_path):
 
 def _prompt(loaded, text: str) -> list[int]:
     if loaded.session.chat_template:
-        return refs.chat_tokens(loaded.session, [{"role": "user", "content": text}])
-    return refs.raw_tokens(loaded.session, text)
+        return chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return raw_tokens(loaded.session, text)
 
 
 def _plain(loaded, prompt, limits) -> tuple[list[int], str]:
@@ -73,8 +76,8 @@ def _plain(loaded, prompt, limits) -> tuple[list[int], str]:
 
 def _speculative(loaded, prompt, limits, drafter, max_draft=6, adaptive=False):
     # Not adaptive: draft every round, so verification, rejection and trimming run all the time.
-    gen = choose.generation(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
-                              max_draft=max_draft, adaptive=adaptive)
+    gen = choose.speculative(loaded, KVCache(loaded.session), prompt, GREEDY, limits, drafter,
+                               max_draft=max_draft, adaptive=adaptive)
     text = "".join(gen)
     return gen, text
 
@@ -153,8 +156,8 @@ def test_continuing_after_rejections_equals_a_fresh_run(gemma, gemma_self):
     session = gemma.session
     prompt = _prompt(gemma, G_OPEN)
     cache = KVCache(session)
-    gen = choose.generation(gemma, cache, prompt, GREEDY, Limits(24), gemma_self, max_draft=6,
-                              adaptive=False)
+    gen = choose.speculative(gemma, cache, prompt, GREEDY, Limits(24), gemma_self, max_draft=6,
+                               adaptive=False)
     list(gen)
     assert gen.stats.accepted < gen.stats.drafted, "the test needs at least one rejection"
     assert len(cache.tokens) == session.n_past
@@ -163,8 +166,8 @@ def test_continuing_after_rejections_equals_a_fresh_run(gemma, gemma_self):
     assert len(draft_cache.tokens) == gemma_self.session.n_past
     # Continue on the same (trimmed) caches, then compare with a fresh plain run of the whole text.
     follow = prompt + gen.tokens
-    cont = choose.generation(gemma, cache, follow, GREEDY, Limits(16), gemma_self, max_draft=6,
-                               adaptive=False)
+    cont = choose.speculative(gemma, cache, follow, GREEDY, Limits(16), gemma_self, max_draft=6,
+                                adaptive=False)
     list(cont)
     assert cont.stats.cached_tokens > len(prompt)
     session.reset()

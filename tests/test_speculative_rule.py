@@ -9,7 +9,8 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from localinfer.engine.decode import KVCache, Limits
+from localinfer.engine.decode import Limits
+from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import SamplingParams
 from localinfer.speculate.adaptive import Controller
 from localinfer.speculate.drafters import DraftModel, PromptLookup

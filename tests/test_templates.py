@@ -10,7 +10,8 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localinfer.engine.templates import messages_for, render
+from localinfer.engine.prompt import messages_for
+from localinfer.engine.templates import render
 from localinfer.errors import ModelLoadError
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "

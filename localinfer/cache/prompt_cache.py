@@ -20,6 +20,7 @@ import numpy as np
 
 from localinfer.cache import entry, paths
 from localinfer.cache.entry import CorruptEntry, EntryHead
+from localinfer.engine.kv import common_prefix
 
 DEFAULT_CAP_BYTES = 2_000_000_000
 _STALE_TEMP_S = 3600           # a temporary file this old belongs to a process that died mid-write
@@ -100,15 +101,6 @@ class PromptCache:
             except OSError:
                 continue
         return heads
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix, compared in one numpy pass (prompts run to thousands)."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 def entries(root: Path) -> list[EntryHead]:
@@ -198,7 +190,7 @@ def persist(cache, *, notify=None) -> None:
 
 
 def describe(event) -> str:
-    """The -v line for a decode.CacheEvent."""
+    """The -v line for a kv.CacheEvent."""
     if event is None:
         return "prompt cache: not consulted"
     if event.hit:

@@ -9,6 +9,7 @@ import typer
 
 from localinfer import settings
 from localinfer.cli import console
+from localinfer.units import human_size
 
 # prompt_cache (and its numpy) is imported by each command: this module is loaded for every
 # `localinfer` invocation, because the main app registers it as a sub-command.
@@ -31,7 +32,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
         console.note("the prompt cache is empty")
         return
     console.print_table(["MODEL", "TOKENS", "SIZE", "LAST USED", "ENTRY"],
-                        [[h.label, str(len(h.tokens)), console.human_size(h.size), _ago(h.last_used),
+                        [[h.label, str(len(h.tokens)), human_size(h.size), _ago(h.last_used),
                           h.path.stem[:12]] for h in heads])
 
 
@@ -48,8 +49,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     if as_json:
         typer.echo(json.dumps(record))
         return
-    typer.echo(f"{use.entries} entries · {use.tokens} tokens · {console.human_size(use.bytes)} "
-               f"of {console.human_size(cap)} · {conf.prompt_cache_dir}")
+    typer.echo(f"{use.entries} entries · {use.tokens} tokens · {human_size(use.bytes)} "
+               f"of {human_size(cap)} · {conf.prompt_cache_dir}")
 
 
 @app.command()
@@ -57,7 +58,7 @@ def clear() -> None:
     """Delete every entry."""
     from localinfer.cache import prompt_cache
     gone = prompt_cache.clear(settings.load().prompt_cache_dir)
-    console.note(f"removed {gone.entries} entries ({console.human_size(gone.bytes)})")
+    console.note(f"removed {gone.entries} entries ({human_size(gone.bytes)})")
 
 
 def _ago(when: float) -> str:

@@ -12,15 +12,17 @@ from localinfer import settings
 from localinfer.cache import prompt_cache
 from localinfer.cli import console, shell
 from localinfer.engine import chat_window
-from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel
+from localinfer.engine.prompt import chat_tokens, raw_tokens
 from localinfer.engine.sampling import Sampler
 from localinfer.errors import ContextOverflow
-from localinfer.models import refs
 
 HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the system message)"
 
 
-def repl(loaded: refs.LoadedModel, sampler: Sampler, *, system: str | None, limits: Limits,
+def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: Limits,
          verbose: bool = False, use_cache: bool = True) -> None:
     session = loaded.session
     if not session.chat_template:
@@ -79,10 +81,10 @@ def _fitted_tokens(session, system: str | None, messages: list[dict[str, str]],
     """The prompt for the next reply; when the history outgrows the context, the oldest turns go
     (in place, from `messages`) and the rest is evaluated again."""
     if not session.chat_template:
-        return refs.raw_tokens(session, messages[-1]["content"])
+        return raw_tokens(session, messages[-1]["content"])
     limit = session.n_ctx - chat_window.reserve(session.n_ctx, limits.max_tokens)
     tokens, dropped = chat_window.fit(
-        messages, lambda kept: refs.chat_tokens(session, _conversation(system, kept)), limit)
+        messages, lambda kept: chat_tokens(session, _conversation(system, kept)), limit)
     if dropped:
         del messages[:dropped]
         console.note(f"the conversation outgrew the context: dropped the {dropped} oldest "
@@ -91,7 +93,7 @@ def _fitted_tokens(session, system: str | None, messages: list[dict[str, str]],
 
 
 def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
-           loaded: refs.LoadedModel, verbose: bool) -> str:
+           loaded: LoadedModel, verbose: bool) -> str:
     generation = Generation(cache, tokens, sampler, limits)
     pieces = []
     try:

@@ -6,9 +6,10 @@ the import would cost commands such as `quantize` a few hundredths of a second.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from localinfer import settings
 
@@ -61,9 +62,18 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
         sys.stdout.write(line.rstrip() + "\n")
 
 
-def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+@contextlib.contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A bar on stderr updated with (done, total, item name) on a terminal; None on a pipe."""
+    if not interactive():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=stderr(), transient=True)
+    with bar:
+        task = bar.add_task("", total=None)
+
+        def update(done: int, total: int, name: str) -> None:
+            bar.update(task, completed=done, total=total, description=name)
+        yield update

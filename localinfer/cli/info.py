@@ -11,6 +11,7 @@ from localinfer.models.gguf_checks import check_model
 from localinfer.models.gguf_header import ArrayInfo
 from localinfer.models.refs import ModelRef
 from localinfer.models.store import Store
+from localinfer.units import human_size
 
 
 def describe(ref: ModelRef, store: Store) -> dict:
@@ -89,7 +90,7 @@ def show(facts: dict, *, as_json: bool) -> None:
             total = sum(v["bytes"] for v in value.values()) or 1
             value = ", ".join(f"{k} {v['bytes'] / total:.0%} ({v['tensors']})" for k, v in value.items())
         elif key == "file_size":
-            value = console.human_size(value)
+            value = human_size(value)
         elif key == "parameters" and isinstance(value, int):
             value = f"{value / 1e6:.1f}M" if value < 1e9 else f"{value / 1e9:.2f}B"
         elif isinstance(value, list):
@@ -103,6 +104,6 @@ def show(facts: dict, *, as_json: bool) -> None:
 def _memory_rows(table: dict[str, dict[str, int]]) -> list[list[str]]:
     mb = lambda n: f"{n / 1e6:.0f}"   # noqa: E731 - a local formatter
     return [[f"memory at ctx {ctx}",
-             f"{console.human_size(e['total'])} (weights {mb(e['weights'])} + KV {mb(e['kv_cache'])}"
+             f"{human_size(e['total'])} (weights {mb(e['weights'])} + KV {mb(e['kv_cache'])}"
              f" + compute {mb(e['compute'])} + overhead {mb(e['overhead'])} MB)"]
             for ctx, e in table.items()]

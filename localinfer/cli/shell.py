@@ -14,15 +14,11 @@ from typing import TYPE_CHECKING
 
 from localinfer.cli import console
 from localinfer.errors import LocalinferError, UsageError
+from localinfer.units import human_size
 
 if TYPE_CHECKING:
     from localinfer.engine.decode import Generation
-    from localinfer.models import refs
-
-
-def messages(text: str, system: str | None) -> list[dict[str, str]]:
-    from localinfer.engine.templates import messages_for
-    return messages_for(text, system)
+    from localinfer.engine.load import LoadedModel
 
 
 def read_stdin(limit: int | None = None) -> str | None:
@@ -66,7 +62,7 @@ def _read_text(stream, limit: int) -> str:
             raise _nul_in_stdin()
         size += len(chunk)
         if size > limit:
-            raise UsageError(f"stdin holds more than {console.human_size(limit)}; pipe less "
+            raise UsageError(f"stdin holds more than {human_size(limit)}; pipe less "
                              "(e.g. `head -c 1M FILE |`) or raise LOCALINFER_STDIN_BYTES (e.g. 64M)")
         if final:
             return "".join(parts).replace("\r\n", "\n").replace("\r", "\n")
@@ -175,7 +171,7 @@ def combine_input(stdin_text: str | None, prompt: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def emit(generation: Generation, loaded: refs.LoadedModel, *, as_json: bool, verbose: bool) -> None:
+def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose: bool) -> None:
     pieces: list[str] = []
     try:
         for piece in generation:
@@ -190,7 +186,7 @@ def emit(generation: Generation, loaded: refs.LoadedModel, *, as_json: bool, ver
     _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
 
 
-def _finish(generation: Generation, loaded: refs.LoadedModel, pieces: list[str], *,
+def _finish(generation: Generation, loaded: LoadedModel, pieces: list[str], *,
             as_json: bool, verbose: bool) -> None:
     stats = generation.stats
     if as_json:
@@ -210,7 +206,7 @@ def _finish(generation: Generation, loaded: refs.LoadedModel, pieces: list[str],
             console.note(describe(stats))
 
 
-def format_stats(stats, loaded: refs.LoadedModel) -> str:
+def format_stats(stats, loaded: LoadedModel) -> str:
     cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
     return (f"{loaded.ref.display} on {loaded.backend} · load {stats.load_s:.2f} s · "
             f"prompt {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "

@@ -9,14 +9,10 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Iterator, Sequence
 
-import numpy as np
-
-from localinfer.backends import Session
-from localinfer.engine import batching
+from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import Sampler
-from localinfer.errors import ContextOverflow, LocalinferError
 
 
 @dataclass
@@ -54,154 +50,6 @@ class Stats:
             "generated_tokens": self.generated_tokens,
             "finish_reason": self.finish_reason,
         }
-
-
-@dataclass(frozen=True)
-class CacheEvent:
-    """What the prompt cache did for the last prefill, for `-v`."""
-
-    hit: bool
-    restored: int = 0          # tokens whose KV state came from disk
-    seconds: float = 0.0       # reading, verifying and restoring it
-    note: str = ""             # why nothing was restored
-
-
-class KVCache:
-    """The tokens a session holds in its KV cache, so a new prompt re-evaluates only what differs.
-
-    Prefill cuts the prompt into batches by the rules of `batching`, which make a state restored
-    from the prompt cache continue exactly as a cold run would: greedy output is the same token for
-    token, while a cold prompt still goes through the engine in full batches.
-    """
-
-    def __init__(self, session: Session, store: PromptStore | None = None) -> None:
-        self.session = session
-        self.tokens: list[int] = []
-        self.store = store
-        self.last_event: CacheEvent | None = None
-        self._canonical = 0        # leading KV entries computed as any cold run would compute them
-        self._pending: list[tuple[list[int], bytes]] = []
-        self._window = int(getattr(session, "sliding_window", 0) or 0)
-        self._n_batch = int(getattr(session, "n_batch", 512))
-
-    def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Evaluate the prompt, reusing the longest common prefix; returns (last logits, reused)."""
-        n = len(prompt)
-        if n > self.session.n_ctx:
-            raise ContextOverflow(
-                f"the prompt is {n} tokens but the context holds {self.session.n_ctx}; "
-                "raise --ctx or shorten the prompt")
-        limit = batching.restore_limit(n, self._window)
-        # Always evaluate at least the last prompt token: its logits give the first new token.
-        reuse = min(common_prefix(self.tokens, prompt), n - 1)
-        if self.store is not None:
-            reuse = self._restore(prompt, reuse, limit)
-        if not self.session.trim(reuse):
-            self.session.reset()
-            reuse = 0
-        del self.tokens[reuse:]
-        self._canonical = min(self._canonical, reuse)
-        canonical = reuse == self._canonical and reuse % batching.GRAIN == 0 and reuse <= limit
-        logits = self._evaluate(prompt, reuse, snapshots=canonical and self.store is not None)
-        if canonical:
-            self._canonical = max(reuse, batching.canonical_end(n, self._window))
-        return logits, reuse
-
-    def step(self, token: int) -> np.ndarray:
-        logits = self.session.eval((token,))
-        self.tokens.append(token)
-        return logits
-
-    def clear(self) -> None:
-        self.session.reset()
-        self.tokens.clear()
-        self._canonical = 0
-
-    def persist(self) -> int:
-        """Save the last prefill's states to the prompt cache; returns the longest entry saved in
-        tokens (0 for none). Called after the reply, so writing costs no time to first token."""
-        pending, self._pending = self._pending, []
-        if self.store is None:
-            return 0
-        return max((len(tokens) for tokens, state in pending if self.store.save(tokens, state)),
-                   default=0)
-
-    def _evaluate(self, prompt: Sequence[int], start: int, *, snapshots: bool) -> np.ndarray:
-        """Evaluate prompt[start:] batch by batch; with `snapshots`, keep the states to save."""
-        n = len(prompt)
-        keep = set(batching.snapshot_ends(start, n, self._n_batch, self._window)) if snapshots else ()
-        self._pending = []
-        logits = None
-        for end in batching.batch_ends(start, n, self._n_batch, self._window):
-            logits = self.session.eval(prompt[start:end])
-            self.tokens.extend(prompt[start:end])
-            start = end
-            if end in keep:
-                self._pending.append((list(prompt[:end]), self.session.state()))
-        assert logits is not None
-        return logits
-
-    def _restore(self, prompt: Sequence[int], reuse: int, limit: int) -> int:
-        """Load the longest cached prefix from disk when it beats what the session already holds."""
-        store = self.store
-        assert store is not None
-        # A sliding-window state longer than the window cannot be trimmed back: such an entry is
-        # only usable when it is wholly a prefix of this prompt.
-        found = store.longest_prefix(prompt, limit=limit, rigid_over=self._window or None)
-        usable = found[1] // batching.GRAIN * batching.GRAIN if found else 0
-        if found is None or usable <= reuse:
-            note = f"nothing on disk beats the {reuse} tokens the session holds" if reuse else "miss"
-            self.last_event = CacheEvent(False, note=note)
-            return reuse
-        head = found[0]
-        start = time.perf_counter()
-        state = store.load(head)
-        if state is None:
-            self.last_event = CacheEvent(False, note="corrupt entry dropped")
-            return reuse
-        try:
-            self.session.restore(state, len(head.tokens))
-        except LocalinferError:    # the engine refused it: never trust that entry again
-            store.drop(head)
-            self.tokens.clear()
-            self._canonical = 0
-            self.last_event = CacheEvent(False, note="entry rejected by the engine, dropped")
-            return 0
-        self.tokens = list(head.tokens)
-        self._canonical = len(head.tokens)
-        self.last_event = CacheEvent(True, usable, time.perf_counter() - start)
-        return usable
-
-
-class PromptStore(Protocol):
-    """The prompt cache as KVCache uses it (prompt_cache.PromptCache)."""
-
-    def longest_prefix(self, tokens: Sequence[int], *, limit: int,
-                       rigid_over: int | None = None) -> tuple[Any, int] | None: ...
-    def load(self, head: Any) -> bytes | None: ...
-    def drop(self, head: Any) -> None: ...
-    def save(self, tokens: Sequence[int], state: bytes) -> Any: ...
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the shared start of two token sequences.
-
-    Called every round of speculation over the whole context, so it compares list slices (in C)
-    and bisects towards the first difference instead of walking token by token.
-    """
-    a, b = (x if isinstance(x, list) else list(x) for x in (a, b))
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 16:            # a[:lo] == b[:lo]; the first difference lies in [lo, hi)
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[lo] == b[lo]:
-        lo += 1
-    return lo
 
 
 class StopMatcher:
@@ -244,6 +92,64 @@ class Limits:
     ignore_eos: bool = False      # benchmarks decode a fixed number of tokens
 
 
+class Emitter:
+    """Turns chosen tokens into text pieces and figures, and says when generation ends.
+
+    Plain and speculative decoding both hand every token they keep to `take`, so both end, stream
+    and count in the same way.
+    """
+
+    def __init__(self, cache: KVCache, prompt: Sequence[int], limits: Limits, stats: Stats) -> None:
+        self.session, self.limits, self.stats = cache.session, limits, stats
+        self.n_prompt = len(prompt)
+        self.tokens: list[int] = []
+        self.history = list(prompt)    # the repeat penalty looks back over prompt and output alike
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopMatcher(limits.stop)
+        self._start = time.perf_counter()
+        self._first = 0.0
+        self._hit_stop_string = False
+
+    def prefilled(self, cached_tokens: int) -> None:
+        self.stats.cached_tokens = cached_tokens
+        self.stats.prefill_s = time.perf_counter() - self._start
+
+    def take(self, token: int) -> tuple[str, bool]:
+        """Emit one token; returns (text safe to print now, whether generation ends here)."""
+        stats, limits, session = self.stats, self.limits, self.session
+        now = time.perf_counter()
+        if not self.tokens:
+            self._first = now
+            stats.ttft_s = now - self._start
+        stats.decode_s = now - self._first
+        if session.is_eog(token) and not limits.ignore_eos:
+            stats.finish_reason = "stop"
+            return "", True
+        self.tokens.append(token)
+        self.history.append(token)
+        stats.generated_tokens = len(self.tokens)
+        # The incremental decoder keeps a multi-byte character split across tokens until whole.
+        text, self._hit_stop_string = self._stops.feed(self._utf8.decode(session.piece(token)))
+        if self._hit_stop_string:
+            stats.finish_reason = "stop"
+            return text, True
+        if len(self.tokens) == limits.max_tokens:
+            stats.finish_reason = "length"
+            return text, True
+        # The token just emitted needs a KV slot to be evaluated; none left ends the reply.
+        if self.n_prompt + len(self.tokens) - 1 >= session.n_ctx:
+            stats.finish_reason = "context"
+            return text, True
+        return text, False
+
+    def tail(self) -> str:
+        """Text held back for a possible stop string, and an unfinished character; none after a
+        stop string was reached."""
+        if self._hit_stop_string:
+            return ""
+        return self._stops.flush() + self._utf8.decode(b"", final=True)
+
+
 class Generation:
     """Iterate for text pieces; `stats` is complete once iteration ends (or is interrupted)."""
 
@@ -254,41 +160,17 @@ class Generation:
         self.tokens: list[int] = []
 
     def __iter__(self) -> Iterator[str]:
-        session, stats, limits = self.cache.session, self.stats, self.limits
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(limits.stop)
-        start = time.perf_counter()
-        logits, stats.cached_tokens = self.cache.prefill(self.prompt)
-        stats.prefill_s = time.perf_counter() - start
-        history = list(self.prompt)   # the repeat penalty looks back over prompt and output alike
-        first = 0.0
+        emit = Emitter(self.cache, self.prompt, self.limits, self.stats)
+        self.tokens = emit.tokens
+        logits, cached = self.cache.prefill(self.prompt)
+        emit.prefilled(cached)
         while True:
-            token = self.sampler(logits, history)
-            now = time.perf_counter()
-            if not self.tokens:
-                first = now
-                stats.ttft_s = now - start
-            stats.decode_s = now - first
-            if session.is_eog(token) and not limits.ignore_eos:
-                stats.finish_reason = "stop"
-                break
-            self.tokens.append(token)
-            history.append(token)
-            stats.generated_tokens = len(self.tokens)
-            # The incremental decoder keeps a multi-byte character split across tokens until whole.
-            text, stopped = stops.feed(utf8.decode(session.piece(token)))
+            text, done = emit.take(self.sampler(logits, emit.history))
             if text:
                 yield text
-            if stopped:
-                stats.finish_reason = "stop"
-                return
-            if len(self.tokens) == limits.max_tokens:
-                stats.finish_reason = "length"
+            if done:
                 break
-            if session.n_past >= session.n_ctx:
-                stats.finish_reason = "context"
-                break
-            logits = self.cache.step(token)
-        tail = stops.flush() + utf8.decode(b"", final=True)
+            logits = self.cache.step(emit.tokens[-1])
+        tail = emit.tail()
         if tail:
             yield tail

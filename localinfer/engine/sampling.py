@@ -23,6 +23,11 @@ _FAR_BELOW = 30.0
 RANDOM_SEED = -1
 
 
+# The most recent tokens a sampler may look back at (the repeat penalty's window); loops that
+# keep long histories hand samplers only this tail.
+HISTORY_TAIL = 256
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """llama.cpp's defaults; temperature 0 means greedy and fully deterministic."""
@@ -32,7 +37,7 @@ class SamplingParams:
     top_p: float = 0.95           # 1 disables
     min_p: float = 0.05           # 0 disables
     repeat_penalty: float = 1.0   # 1 disables
-    repeat_last_n: int = 64
+    repeat_last_n: int = 64       # at most HISTORY_TAIL
     seed: int | None = None       # None or RANDOM_SEED: a different draw on every run
 
     @property

@@ -46,12 +46,6 @@ def render(template: str, messages: list[dict[str, str]], *, bos_token: str = ""
     return text
 
 
-def messages_for(prompt: str, system: str | None) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": prompt})
-    return messages
-
-
 def _render(compiled: jinja2.Template, budget: bounds.Budget, **variables: object) -> str:
     """Render piece by piece, stopping as soon as the output passes its bound."""
     pieces: list[str] = []

@@ -7,27 +7,31 @@ finds it on disk). Every decision about what fits is left to the pure functions 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 from localinfer import settings
+from localinfer.backends import context_length
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.fit import memory, rules
 from localinfer.models import refs
+from localinfer.units import parse_size
 
-DEFAULT_MAX_CTX = 4096       # as the llama.cpp backend: n_ctx 0 = the model's, up to this
 # What auto-fit may quantize to, best quality first: the K-quant mixes llama.cpp recommends, none
 # of which needs an importance matrix. Legacy and IQ types add little between these steps.
 AUTO_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M",
               "Q3_K_S", "Q2_K")
 
 Notify = Callable[[str], None]
+# A progress display for one quantization, handed in by the command line (nothing on a pipe).
+QuantizeBar = Callable[[], ContextManager[Callable[[int, int, str], None] | None]]
 
 
 @dataclass(frozen=True)
 class Resolved:
-    model: str                # what to open: NAME:QUANT or the path as given
+    ref: refs.ModelRef        # what to open
     n_ctx: int                # 0 keeps the backend's default
     kv_type: str
     notes: tuple[str, ...]
@@ -48,16 +52,16 @@ class Fitting:
 
 
 def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_budget: str | None,
-            offline: bool = False, notify: Notify = lambda _: None,
-            progress: bool = False) -> Resolved:
+            offline: bool = False, notify: Notify = lambda _: None, progress: bool = False,
+            quantize_bar: QuantizeBar = nullcontext) -> Resolved:
     """Pick (pulling or quantizing if need be) what to load so that it fits; a LocalinferError
-    naming the shortfall and what would make it fit when nothing does."""
+    naming the shortfall and what would make it fit when nothing does.
+
+    `progress` lets a pull draw its download bar; `quantize_bar` shows a quantization made to fit.
+    """
     if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
         raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
-    machine = rules.detect_machine()
-    override = memory_budget or settings.load().memory_budget
-    fitting = Fitting(machine, rules.budget(machine, rules.parse_size(override) if override else None),
-                      n_ctx, kv_type)
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type)
     _, cat, store = refs.context()
     if quant.lower() != "auto" and ":" not in model and not refs.looks_like_path(model):
         model = f"{model}:{quant}"
@@ -65,26 +69,38 @@ def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_b
     if ref.path is not None or ":" in model:
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
-            return Resolved(model, n_ctx, kv_type or "f16", ())
+            return Resolved(ref, n_ctx, kv_type or "f16", ())
         smaller = ("`localinfer quantize`" if ref.path else
                    f"`{ref.spec.name}` with --quant auto picks or makes one")
-        return _fixed(model, memory.facts_from_file(path), fitting, smaller)
+        return _fixed(ref, memory.facts_from_file(path), fitting, smaller)
     if not any(m.name == ref.spec.name for m in store.installed()):
         # Nothing on disk to read the model's facts from: pull the default variant, then fit.
         refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
-    return _best_variant(ref.spec, store, fitting, notify=notify, progress=progress)
+    return _best_variant(ref.spec, store, fitting, notify=notify, quantize_bar=quantize_bar)
 
 
-def _fixed(model: str, facts: memory.ModelFacts, fitting: Fitting, smaller: str) -> Resolved:
+def _machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.Budget]:
+    machine = rules.detect_machine()
+    if memory_budget:
+        return machine, rules.budget(machine, parse_size(memory_budget, "--memory"))
+    override = settings.load().memory_budget
+    if override:
+        return machine, rules.budget(machine, parse_size(override, "LOCALINFER_MEMORY_BUDGET"))
+    return machine, rules.budget(machine)
+
+
+def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,
+           smaller: str) -> Resolved:
     placement = fitting.place(facts)
     if not placement.fits:
         raise LocalinferError(rules.does_not_fit(
-            model, facts, fitting.machine, fitting.budget, kv_type=fitting.kv_type,
-            smaller_quant=smaller))
-    return Resolved(model, placement.n_ctx, placement.kv_type, placement.notes)
+            ref.display if ref.path is None else str(ref.path), facts, fitting.machine,
+            fitting.budget, kv_type=fitting.kv_type, smaller_quant=smaller))
+    return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes)
 
 
-def _best_variant(spec, store, fitting: Fitting, *, notify: Notify, progress: bool) -> Resolved:
+def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
+                  quantize_bar: QuantizeBar) -> Resolved:
     on_disk = {m.quant: m.path for m in store.installed() if m.name == spec.name}
     candidates = [rules.Candidate(q, memory.facts_from_file(p), True) for q, p in on_disk.items()]
     base = candidates[0].facts
@@ -100,23 +116,24 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify, progress: bo
     else:
         smallest = min((c for c in candidates if c.on_disk), key=lambda c: c.facts.file_size)
         quant, placement = _quantize_to_fit(spec.name, on_disk, fitting, smallest,
-                                            notify=notify, progress=progress)
+                                            notify=notify, quantize_bar=quantize_bar)
     notes = placement.notes
     if quant != spec.default_quant:
         notes = (f"using {spec.name}:{quant}, the most precise variant that fits", *notes)
-    return Resolved(f"{spec.name}:{quant}", placement.n_ctx, placement.kv_type, notes)
+    return Resolved(refs.variant_ref(spec, quant, store), placement.n_ctx, placement.kv_type,
+                    notes)
 
 
 def _ctx(facts: memory.ModelFacts, n_ctx: int) -> int:
-    return n_ctx or min(facts.context_length or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+    return context_length(n_ctx, facts.context_length)
 
 
 def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
                      smallest: rules.Candidate, *, notify: Notify,
-                     progress: bool) -> tuple[str, rules.Placement]:
+                     quantize_bar: QuantizeBar) -> tuple[str, rules.Placement]:
     """Quantize the most precise variant on disk into the best type that fits; keep it in the
     store. Plans come from llama.cpp's dry run, so each size is exact before anything is written."""
-    from localinfer.quant import jobs, quantize
+    from localinfer.quant import quantize
     source_quant = quantize.best_on_disk(list(on_disk))
     source = on_disk[source_quant]
     facts = memory.facts_from_file(source)
@@ -126,11 +143,11 @@ def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
         plan = quantize.plan(source, qtype)
         if plan.needs_imatrix:
             continue
-        planned = jobs.planned_facts(facts, plan)
+        planned = memory.planned_facts(facts, plan)
         placement = fitting.place(planned)
         if placement.fits:
             detail = "; requantizing costs a little quality" if plan.requantized_types else ""
-            _make(source, name, qtype, progress=progress, notify=notify,
+            _make(source, name, qtype, quantize_bar=quantize_bar, notify=notify,
                   message=f"quantizing {name}:{source_quant} to {qtype} to fit the memory budget "
                           f"(once: kept in the store as {name}:{qtype}{detail})")
             return qtype, placement
@@ -141,14 +158,14 @@ def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
         kv_type=fitting.kv_type, smaller_quant=None))
 
 
-def _make(source: Path, name: str, qtype: str, *, progress: bool, notify: Notify,
+def _make(source: Path, name: str, qtype: str, *, quantize_bar: QuantizeBar, notify: Notify,
           message: str) -> None:
-    from localinfer.quant import jobs, quantize
-    _, _, store = refs.context()
+    from localinfer.quant import quantize
+    store = refs.model_store()
     with store.lock(name, qtype):           # a second process waits, then finds the file made
         dst = store.path_for(name, qtype)
         if dst.is_file():
             return
         notify(message)
-        with jobs.progress_bar(progress) as bar:
+        with quantize_bar() as bar:
             quantize.quantize_file(source, dst, qtype, allow_requantize=True, progress=bar)

@@ -1,16 +1,13 @@
-"""`localinfer devices`: what this machine offers, and which backend `run` would pick, and why."""
+"""What this machine offers (CPU, SIMD, memory, backends) and which backend `run` would pick, and why."""
 
 from __future__ import annotations
 
-import json
 import platform
-import sys
 from pathlib import Path
 
 import psutil
 
 from localinfer import backends
-from localinfer.cli import console
 
 # SIMD extensions that decide llama.cpp's kernel speed, as /proc/cpuinfo names them.
 _SIMD_FLAGS = ("sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f",
@@ -99,31 +96,3 @@ def _backend_facts() -> dict:
                 entry["error"] = str(e)
         facts[name] = entry
     return facts
-
-
-def show(facts: dict, *, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(facts, indent=2) + "\n")
-        return
-    rows = [
-        ["cpu", f"{facts['cpu']} ({facts['machine']})"],
-        ["cores", f"{facts['physical_cores']} physical, {facts['logical_cores']} logical"],
-        ["simd", " ".join(facts["simd"]) or "none detected"],
-        ["ram", f"{console.human_size(facts['ram_available'])} available of "
-                f"{console.human_size(facts['ram_total'])}"],
-        ["apple silicon", "yes (Metal)" if facts["apple_silicon"] else "no"],
-        ["onnxruntime", ", ".join(facts["onnxruntime_providers"])
-         if facts["onnxruntime_providers"] is not None else "not installed"],
-    ]
-    for name, entry in facts["backends"].items():
-        if not entry["available"]:
-            rows.append([f"backend {name}", "not installed"])
-            continue
-        gpu = "GPU offload" if entry.get("gpu_offload") else "CPU only (no GPU offload in this build)"
-        if name == "mlx":
-            gpu = "Metal" if entry.get("metal") else "CPU build (no Metal)"
-            gpu += f"; runs {', '.join(entry.get('architectures', []))}"
-        rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
-    use = facts["run_would_use"]
-    rows.append(["run would use", f"{use['backend']}: {use['reason']}"])
-    console.print_table(["DEVICE", "VALUE"], rows)

@@ -194,3 +194,12 @@ def cpu_repacks() -> bool:
     """Whether this CPU's llama.cpp backend repacks weights (x86 with AVX2)."""
     from localinfer.fit import machine
     return "avx2" in machine.cpu_flags()
+
+
+def planned_facts(source: ModelFacts, plan) -> ModelFacts:
+    """The facts of the file a quantization plan (quant.quantize.QuantPlan) would write: the same
+    model with the plan's sizes."""
+    # The plan knows target types but not shapes; count the types the CPU backend repacks.
+    repackable = sum(t.size for t in plan.tensors if t.target_type in REPACKED_X86_AVX2
+                     and not t.name.startswith("token_embd"))
+    return with_quant_size(source, plan.file_size, repackable)

@@ -7,11 +7,10 @@ in this module is the one place that reads the real one.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
-from localinfer.errors import UsageError
 from localinfer.fit import memory
+from localinfer.units import human_size
 
 GB = 1000 ** 3
 # Left free on a CPU machine for the OS and other programs, as a share of the RAM available now.
@@ -37,16 +36,6 @@ class Budget:
     ram: int            # bytes the CPU side may use
     vram: int           # bytes a discrete GPU may hold (0: none)
     source: str         # how the budget was found, for messages
-
-
-def parse_size(text: str) -> int:
-    """'4GB', '512M', '1.5 GiB', '2000000000' → bytes; a UsageError for anything else."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if not match:
-        raise UsageError(f"cannot read the memory size '{text}'; write e.g. 4GB, 512MB or 6GiB")
-    number, unit, binary = match.groups()
-    power = "bkmgt".index(unit or "b")
-    return int(float(number) * (1024 if binary else 1000) ** power)
 
 
 def budget(machine: Machine, override: int | None = None) -> Budget:
@@ -140,7 +129,6 @@ def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_:
     q4_0 hint is given only when `place` confirms it. `smaller_quant` says how to get a smaller
     variant, where one might exist.
     """
-    from localinfer.cli.console import human_size
     least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type)
     hints = []
     if kv_type != "q4_0" and place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type="q4_0").fits:

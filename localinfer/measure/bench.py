@@ -6,21 +6,20 @@ empty cache; tg = n_gen single-token steps from an almost empty cache; one warm-
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 from typing import Callable
 
-from localinfer.cli import console
-from localinfer.engine.decode import Generation, KVCache, Limits
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel
+from localinfer.engine.prompt import with_bos
 from localinfer.engine.sampling import SamplingParams, make_sampler
-from localinfer.models import refs
 
 _FILLER = ("The quick brown fox jumps over the lazy dog while the river runs to the sea. "
            "Numbers like 42, 1.5 and 1024 appear; so do names, places and punctuation! ")
 
 
-def measure(loaded: refs.LoadedModel, *, n_prompt: int, n_gen: int, repetitions: int,
+def measure(loaded: LoadedModel, *, n_prompt: int, n_gen: int, repetitions: int,
             progress: Callable[[str], None] | None = None) -> dict:
     session = loaded.session
     cache = KVCache(session)
@@ -58,32 +57,16 @@ def _run(cache: KVCache, prompt: list[int], sampler, n_tokens: int):
 
 def _prompt_tokens(session, n: int) -> list[int]:
     text_tokens = session.tokenize(_FILLER, special=False)
-    tokens = refs.with_bos(session, [])
+    tokens = with_bos(session, [])
     while len(tokens) < n:
         tokens.extend(text_tokens)
     return tokens[:n]
 
 
-def _threads(loaded: refs.LoadedModel) -> int:
+def _threads(loaded: LoadedModel) -> int:
     return getattr(loaded.session, "n_threads", 0)
 
 
 def _summary(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
             "max": round(max(values), 3), "values": [round(v, 3) for v in values]}
-
-
-def show(result: dict, *, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-        return
-    console.note(f"{result['model']} on {result['backend']}, {result['threads']} threads, "
-                 f"{result['repetitions']} runs (median, min–max)")
-    rows = []
-    for label, key, unit in ((f"prefill pp{result['n_prompt']}", "prefill_tps", "t/s"),
-                             (f"decode tg{result['n_gen']}", "decode_tps", "t/s"),
-                             ("time to first token", "ttft_s", "s")):
-        s = result[key]
-        rows.append([label, f"{s['median']:.3f} {unit}" if unit == "s" else f"{s['median']:.1f} {unit}",
-                     f"{s['min']:.3f}–{s['max']:.3f}" if unit == "s" else f"{s['min']:.1f}–{s['max']:.1f}"])
-    console.print_table(["TEST", "MEDIAN", "RANGE"], rows)

@@ -9,15 +9,14 @@ line).
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 from typing import Callable
 
-from localinfer.cli import console
-from localinfer.engine.decode import KVCache, Limits
-from localinfer.engine.sampling import SamplingParams
-from localinfer.models import refs
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel
+from localinfer.engine.prompt import chat_tokens, raw_tokens, uses_chat_template
+from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.speculate import choose
 from localinfer.speculate.drafters import Drafter
 
@@ -36,15 +35,15 @@ BASE_TASKS = {
 GREEDY = SamplingParams(temperature=0)
 
 
-def tasks_for(loaded: refs.LoadedModel) -> dict[str, list[int]]:
+def tasks_for(loaded: LoadedModel) -> dict[str, list[int]]:
     session = loaded.session
-    if refs.uses_chat_template(session, raw=False):
-        return {name: refs.chat_tokens(session, [{"role": "user", "content": text}])
+    if uses_chat_template(session, raw=False):
+        return {name: chat_tokens(session, [{"role": "user", "content": text}])
                 for name, text in CHAT_TASKS.items()}
-    return {name: refs.raw_tokens(session, text) for name, text in BASE_TASKS.items()}
+    return {name: raw_tokens(session, text) for name, text in BASE_TASKS.items()}
 
 
-def measure(loaded: refs.LoadedModel, drafter: Drafter, *, n_gen: int, repetitions: int,
+def measure(loaded: LoadedModel, drafter: Drafter, *, n_gen: int, repetitions: int,
             max_draft: int = 8, adaptive: bool = True,
             progress: Callable[[str], None] | None = None) -> dict:
     cache = KVCache(loaded.session)
@@ -79,21 +78,12 @@ def measure(loaded: refs.LoadedModel, drafter: Drafter, *, n_gen: int, repetitio
 
 def _run(loaded, cache, prompt, drafter, n_gen, max_draft, chunk, adaptive=True):
     cache.clear()            # each run starts cold, so neither side profits from the other's cache
-    gen = choose.generation(loaded, cache, prompt, GREEDY, Limits(max_tokens=n_gen), drafter,
-                              max_draft=max_draft, chunk=chunk, adaptive=adaptive)
+    limits = Limits(max_tokens=n_gen)
+    if drafter is None:
+        gen = Generation(cache, prompt, make_sampler(GREEDY), limits)
+    else:
+        gen = choose.speculative(loaded, cache, prompt, GREEDY, limits, drafter,
+                                 max_draft=max_draft, chunk=chunk, adaptive=adaptive)
     for _ in gen:
         pass
     return gen
-
-
-def show(result: dict, *, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-        return
-    console.note(f"{result['model']}: speculation with {result['drafter']} vs plain, greedy, "
-                 f"{result['repetitions']} alternating runs (medians), verify chunk ≤ "
-                 f"{result['verify_chunk']}")
-    rows = [[name, f"{r['plain_tps']:.1f}", f"{r['speculative_tps']:.1f}", f"{r['ratio']:.2f}x",
-             f"{r['accepted']}/{r['drafted']}", "yes" if r["identical_greedy_output"] else "NO"]
-            for name, r in result["tasks"].items()]
-    console.print_table(["TASK", "PLAIN t/s", "SPEC t/s", "RATIO", "ACCEPTED", "SAME OUTPUT"], rows)

@@ -1,21 +1,18 @@
-"""From a model reference to a loaded Session, and from text to prompt tokens.
+"""What a user named — a catalogue entry and quant, or a file — and where its file is.
 
-This is the request path of DESIGN.md up to the decode loop:
-catalogue.resolve → fetch.ensure → backends.select → load.
+The first steps of the request path (docs/architecture.md): a name is parsed once into a
+`ModelRef`, `locate` finds its file (pulling it when needed), then `engine.load` loads it.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer import backends, settings
-from localinfer.backends import LoadOptions, Session
-from localinfer.errors import ModelLoadError, ModelNotFound, UsageError
+from localinfer import settings
+from localinfer.errors import ModelNotFound, UsageError
 from localinfer.models import catalogue, fetch
 from localinfer.models.catalogue import ModelSpec
-from localinfer.models.gguf_header import read_header
 from localinfer.models.store import Store
 
 
@@ -69,6 +66,11 @@ def context() -> tuple[settings.Settings, catalogue.Catalogue, Store]:
     return conf, catalogue.load(conf.user_catalogue), Store(conf.models_dir)
 
 
+def model_store() -> Store:
+    """The store alone, for callers that need no catalogue (reading it costs a file parse)."""
+    return Store(settings.load().models_dir)
+
+
 def locate(ref: ModelRef, store: Store, *, offline: bool, progress: bool,
            notify: fetch.Notify) -> Path:
     """The file to load, pulling a catalogue model that is not on disk yet."""
@@ -79,50 +81,7 @@ def locate(ref: ModelRef, store: Store, *, offline: bool, progress: bool,
                         progress=progress, notify=notify)
 
 
-@dataclass
-class LoadedModel:
-    ref: ModelRef
-    path: Path
-    session: Session
-    backend: str
-    backend_reason: str
-    load_s: float
-
-
-def load(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions) -> LoadedModel:
-    arch = str(read_header(path).metadata.get("general.architecture", "")) or None
-    chosen, choice = backends.select(backend, arch)
-    start = time.perf_counter()
-    session = chosen.load(path, options)
-    return LoadedModel(ref, path, session, choice.backend, choice.reason,
-                       time.perf_counter() - start)
-
-
-def uses_chat_template(session: Session, raw: bool) -> bool:
-    return not raw and bool(session.chat_template)
-
-
-def chat_tokens(session: Session, messages: list[dict[str, str]]) -> list[int]:
-    """Render the model's own chat template and tokenize it, special tokens included."""
-    from localinfer.engine import templates  # jinja2: only for chat models, not for every command
-    if not session.chat_template:
-        raise ModelLoadError("this model has no chat template; use --raw")
-    text = templates.render(session.chat_template, messages,
-                            bos_token=_text(session, session.bos_token),
-                            eos_token=_text(session, session.eos_token))
-    return with_bos(session, session.tokenize(text, special=True))
-
-
-def raw_tokens(session: Session, text: str) -> list[int]:
-    return with_bos(session, session.tokenize(text, special=True))
-
-
-def with_bos(session: Session, tokens: list[int]) -> list[int]:
-    # Templates usually write BOS themselves; add it only when the model wants it and it is missing.
-    if session.add_bos and session.bos_token is not None and tokens[:1] != [session.bos_token]:
-        return [session.bos_token, *tokens]
-    return tokens
-
-
-def _text(session: Session, token: int | None) -> str:
-    return session.token_text(token) if token is not None else ""
+def variant_ref(spec: ModelSpec, quant: str, store: Store) -> ModelRef:
+    """One quant of a catalogue model: one the catalogue lists, or one made here (in the store)."""
+    path = None if quant in spec.variants else store.find(spec.name, quant)
+    return ModelRef(display=f"{spec.name}:{quant}", spec=spec, quant=quant, path=path)

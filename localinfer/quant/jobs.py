@@ -1,23 +1,23 @@
-"""`localinfer quantize`: pick the source, name the result, show the plan or carry it out."""
+"""A quantization job: the source model, the name and place of the result, its plan, and writing it
+into the store as every store writer does. `cli.measure` shows the plan or reports the result."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from localinfer.cli import console
-from localinfer.fit import memory
 from localinfer.models import refs, store_sweep
 from localinfer.models.store import Store
 from localinfer.quant import quantize
 
 if TYPE_CHECKING:
-    from localinfer.quant import imatrix as imatrix_mod
+    from localinfer.quant.imatrix import Imatrix
+
+Notify = Callable[[str], None]
+
+
 @dataclass(frozen=True)
 class Job:
     source: Path
@@ -27,17 +27,20 @@ class Job:
     store: Store | None = None   # None when -o points elsewhere
 
 
-def prepare(model: str, qtype: str, output: Path | None, *, offline: bool) -> Job:
-    """Resolve the source model (pulling it if needed) and where the result goes."""
+def prepare(model: str, qtype: str, output: Path | None, *, offline: bool, progress: bool = False,
+            notify: Notify = lambda _: None) -> Job:
+    """Resolve the source model (pulling it if needed, with a download bar when `progress`) and
+    where the result goes."""
     qtype = quantize.parse_type(qtype)          # a bad type is refused before anything is pulled
-    source, name = _source(model, qtype, offline=offline)
+    source, name = _source(model, qtype, offline=offline, progress=progress, notify=notify)
     if output is not None:
         return Job(source, name, qtype, output.expanduser())
-    _, _, store = refs.context()
+    store = refs.model_store()
     return Job(source, name, qtype, store.path_for(name, qtype), store)
 
 
-def _source(model: str, qtype: str, *, offline: bool) -> tuple[Path, str]:
+def _source(model: str, qtype: str, *, offline: bool, progress: bool,
+            notify: Notify) -> tuple[Path, str]:
     if refs.looks_like_path(model):     # a file: no catalogue to read (a hundredth of a second)
         path = refs.parse_ref(model, None).path
         assert path is not None
@@ -55,68 +58,31 @@ def _source(model: str, qtype: str, *, offline: bool) -> tuple[Path, str]:
         best = quantize.best_on_disk(list(on_disk))
         if best:
             return on_disk[best], ref.spec.name
-    path = refs.locate(ref, store, offline=offline, progress=console.interactive(),
-                         notify=console.note)
+    path = refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
     return path, ref.spec.name
 
 
-def load_imatrix(path: Path | None) -> imatrix_mod.Imatrix | None:
+def load_imatrix(path: Path | None) -> Imatrix | None:
     if path is None:
         return None
-    from localinfer.quant import imatrix as imatrix_mod
-    return imatrix_mod.load(path.expanduser())
+    from localinfer.quant import imatrix
+    return imatrix.load(path.expanduser())
 
 
-def dry_run(job: Job, imatrix: imatrix_mod.Imatrix | None, *, ctx_sizes: tuple[int, ...],
-            as_json: bool) -> None:
-    """Print what the quantization would produce: exact size and memory needs; write nothing."""
+def plan(job: Job, imatrix: Imatrix | None) -> quantize.QuantPlan:
+    """What the quantization would produce, exactly (llama.cpp's own dry run); writes nothing."""
     if imatrix is not None:
         quantize.check_imatrix(imatrix, quantize.read_header(job.source))
-    plan = quantize.plan(job.source, job.qtype, imatrix=imatrix)
-    facts = planned_facts(memory.facts_from_file(job.source), plan)
-    needs = {ctx: memory.estimate(facts, memory.Request(ctx)) for ctx in ctx_sizes}
-    report = {"source": str(job.source), "type": job.qtype, "output": str(job.output),
-              "file_size": plan.file_size, "needs_imatrix": plan.needs_imatrix,
-              "requantizes": plan.requantized_types,
-              "tensor_types": dict(Counter(t.target_type for t in plan.tensors)),
-              "memory": {str(ctx): e.as_dict() for ctx, e in needs.items()}}
-    if as_json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
-        return
-    rows = [["output", str(job.output)], ["type", job.qtype],
-            ["file size", f"{console.human_size(plan.file_size)} ({plan.file_size:,} bytes)"],
-            ["tensors", ", ".join(f"{n} {t}" for t, n in report["tensor_types"].items())]]
-    for ctx, e in needs.items():
-        rows.append([f"memory at ctx {ctx}", describe_estimate(e)])
-    if plan.requantized_types:
-        rows.append(["requantizes", ", ".join(plan.requantized_types) + " (needs --allow-requantize)"])
-    if plan.needs_imatrix:
-        rows.append(["imatrix", "required (--imatrix FILE)"])
-    console.print_table(["QUANTIZE", "DRY RUN"], rows)
+    return quantize.plan(job.source, job.qtype, imatrix=imatrix)
 
 
-def describe_estimate(e: memory.Estimate) -> str:
-    mb = lambda n: f"{n / 1e6:.0f}"   # noqa: E731 - a local formatter
-    return (f"{console.human_size(e.total)} (weights {mb(e.weights)} + KV {mb(e.kv_cache)} + "
-            f"compute {mb(e.compute)} + overhead {mb(e.overhead)} MB)")
-
-
-def planned_facts(source: memory.ModelFacts, plan: quantize.QuantPlan) -> memory.ModelFacts:
-    """The memory facts of the file a plan would write (same model, the plan's sizes)."""
-    # The plan knows target types but not shapes; count the types the CPU backend repacks.
-    repackable = sum(t.size for t in plan.tensors if t.target_type in memory.REPACKED_X86_AVX2
-                     and not t.name.startswith("token_embd"))
-    return memory.with_quant_size(source, plan.file_size, repackable)
-
-
-def run(job: Job, imatrix: imatrix_mod.Imatrix | None, *, threads: int, allow_requantize: bool,
-        force: bool) -> None:
-    with _writing(job), progress_bar(console.interactive()) as progress:
-        size = quantize.quantize_file(job.source, job.output, job.qtype, threads=threads,
+def write(job: Job, imatrix: Imatrix | None, *, threads: int, allow_requantize: bool, force: bool,
+          progress: quantize.Progress | None, warn: Notify) -> int:
+    """Quantize into job.output; returns the size written."""
+    with _writing(job):
+        return quantize.quantize_file(job.source, job.output, job.qtype, threads=threads,
                                       allow_requantize=allow_requantize, imatrix=imatrix,
-                                      progress=progress, force=force, warn=console.warn)
-    label = f"{job.name}:{job.qtype}" if job.store else str(job.output)
-    console.note(f"{label}: {console.human_size(size)} written to {job.output}")
+                                      progress=progress, force=force, warn=warn)
 
 
 @contextlib.contextmanager
@@ -129,22 +95,3 @@ def _writing(job: Job) -> Iterator[None]:
     store_sweep.sweep(job.store)
     with job.store.lock(job.name, job.qtype):
         yield
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool) -> Iterator[quantize.Progress | None]:
-    """A bar per tensor on a terminal; nothing on a pipe."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    bar = Progress(TextColumn("quantizing"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.description}"),
-                   console=console.stderr(), transient=True)
-    with bar:
-        task = bar.add_task("", total=None)
-
-        def update(done: int, total: int, name: str) -> None:
-            bar.update(task, completed=done, total=total, description=name)
-        yield update
-

@@ -1,4 +1,5 @@
-"""From `--draft MODEL|auto|lookup|self|none` to a drafter, and from a drafter to a generation."""
+"""From `--draft MODEL|auto|lookup|self|none` to a drafter, and from a drafter to a speculative
+generation (plain decoding, without a drafter, is `engine.decode.Generation`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Callable, Sequence
 
 from localinfer import settings
 from localinfer.backends import LoadOptions
-from localinfer.engine.decode import Generation, KVCache, Limits
-from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.engine.decode import Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel, load_model
+from localinfer.engine.sampling import SamplingParams
 from localinfer.errors import LocalinferError
 from localinfer.models import refs
 from localinfer.models.gguf_header import read_header
@@ -17,7 +20,6 @@ from localinfer.speculate import exactness
 from localinfer.speculate.drafters import Drafter, DraftModel, PromptLookup, check_vocabulary
 from localinfer.speculate.verify import SpecStats, SpeculativeGeneration
 
-DRAFT_CHOICES = ("auto", "lookup", "self", "none")
 SELF_DRAFT_QUANT = "Q4_0"       # fast on every CPU backend (repacked kernels) and below 4.5 bits
 FALLBACK_SELF_QUANT = "Q2_K"    # when the target itself is Q4_0 already
 _Q4_0_FILE_TYPE = 2             # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_0
@@ -25,7 +27,7 @@ _Q4_0_FILE_TYPE = 2             # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_0
 Notify = Callable[[str], None]
 
 
-def open_drafter(choice: str, target: refs.LoadedModel, *, options: LoadOptions, offline: bool,
+def open_drafter(choice: str, target: LoadedModel, *, options: LoadOptions, offline: bool,
                  notify: Notify) -> Drafter | None:
     """The drafter --draft names; None for `none`. `auto` never fails: lookup is always there."""
     choice = choice.strip()
@@ -44,7 +46,7 @@ def open_drafter(choice: str, target: refs.LoadedModel, *, options: LoadOptions,
     return _draft_model(path, ref.display, target, options)
 
 
-def _auto(target: refs.LoadedModel, options: LoadOptions, notify: Notify) -> Drafter:
+def _auto(target: LoadedModel, options: LoadOptions, notify: Notify) -> Drafter:
     """The catalogue's draft model when it is on disk, else prompt lookup; never an error."""
     path = _catalogue_draft_on_disk(target)
     if path is None:
@@ -56,13 +58,13 @@ def _auto(target: refs.LoadedModel, options: LoadOptions, notify: Notify) -> Dra
         return PromptLookup()
 
 
-def _draft_model(path: Path, name: str, target: refs.LoadedModel,
+def _draft_model(path: Path, name: str, target: LoadedModel,
                  options: LoadOptions) -> DraftModel:
     ref = refs.ModelRef(display=name, spec=None, quant=None, path=path)
     # The draft follows the target's sequence, so it needs the target's context length.
     draft_options = LoadOptions(n_ctx=target.session.n_ctx, n_threads=options.n_threads,
                                 verbose=options.verbose)
-    loaded = refs.load(ref, path, backend=target.backend, options=draft_options)
+    loaded = load_model(ref, path, backend=target.backend, options=draft_options)
     try:
         check_vocabulary(target.session, loaded.session, name)
     except BaseException:
@@ -71,7 +73,7 @@ def _draft_model(path: Path, name: str, target: refs.LoadedModel,
     return DraftModel(loaded.session, name=f"model {name}")
 
 
-def _catalogue_draft_on_disk(target: refs.LoadedModel) -> Path | None:
+def _catalogue_draft_on_disk(target: LoadedModel) -> Path | None:
     spec = target.ref.spec
     if spec is None or not spec.draft:
         return None
@@ -80,7 +82,7 @@ def _catalogue_draft_on_disk(target: refs.LoadedModel) -> Path | None:
     return store.find(draft.name, draft.default_quant) if draft else None
 
 
-def self_draft(target: refs.LoadedModel, *, notify: Notify) -> Path:
+def self_draft(target: LoadedModel, *, notify: Notify) -> Path:
     """A lower-precision quant of the target, made once with the quantizer and kept in the store."""
     from localinfer.quant import quantize
     conf = settings.load()
@@ -99,23 +101,21 @@ def self_draft(target: refs.LoadedModel, *, notify: Notify) -> Path:
         return dst
 
 
-def exact_chunk(target: refs.LoadedModel) -> int:
+def exact_chunk(target: LoadedModel) -> int:
     """Most tokens one verification eval may carry on this model and engine (cached probe)."""
     conf = settings.load()
     return exactness.exact_batch(target.session, target.path, target.backend,
                                  conf.cache_dir / "exact_batch.json")
 
 
-def generation(target: refs.LoadedModel, cache: KVCache, prompt: Sequence[int],
-               params: SamplingParams, limits: Limits, drafter: Drafter | None, *,
-               max_draft: int, chunk: int | None = None,
-               adaptive: bool = True) -> Generation | SpeculativeGeneration:
-    """Plain decoding without a drafter, speculative decoding with one.
+def speculative(target: LoadedModel, cache: KVCache, prompt: Sequence[int],
+                params: SamplingParams, limits: Limits, drafter: Drafter, *,
+                max_draft: int, chunk: int | None = None,
+                adaptive: bool = True) -> SpeculativeGeneration:
+    """Speculative decoding with `drafter`, verifying in chunks the exactness probe allows.
 
     `adaptive=False` drafts `max_draft` tokens every round (tests and benchmarks of the rule itself).
     """
-    if drafter is None or max_draft == 0:
-        return Generation(cache, prompt, make_sampler(params), limits)
     if chunk is None:
         chunk = exact_chunk(target)
         if cache.session.n_past != len(cache.tokens):   # a probe ran and emptied the KV cache

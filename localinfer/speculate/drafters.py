@@ -14,7 +14,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from localinfer.backends import Session
-from localinfer.engine.decode import KVCache, common_prefix
+from localinfer.engine.kv import KVCache, common_prefix
+from localinfer.engine.sampling import HISTORY_TAIL
 from localinfer.errors import UsageError
 
 # (candidate ids, their probabilities) after the sampling filters; None means "the token, surely".
@@ -116,7 +117,7 @@ class DraftModel:
             return Draft()
         logits = self._catch_up(context)
         tokens, dists = [], []
-        history = list(context[-256:])
+        history = list(context[-HISTORY_TAIL:])
         for i in range(n):
             if policy.greedy:
                 token = policy.choose(logits, history)

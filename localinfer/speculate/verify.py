@@ -10,21 +10,19 @@ greedy output is the same token for token as plain decoding's.
 
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from localinfer.engine.decode import KVCache, Limits, Stats, StopMatcher
-from localinfer.engine.sampling import (SamplingParams, apply_repeat_penalty, candidate_probs,
-                                        make_sampler)
+from localinfer.engine.decode import Emitter, Limits, Stats
+from localinfer.engine.kv import KVCache
+from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, apply_repeat_penalty,
+                                        candidate_probs, make_sampler)
 from localinfer.errors import LocalinferError
 from localinfer.speculate.adaptive import Controller
 from localinfer.speculate.drafters import Distribution, Draft, Drafter
-
-HISTORY_TAIL = 256      # the repeat penalty looks back at most this far (repeat_last_n ≤ this)
 
 
 @dataclass
@@ -132,63 +130,34 @@ class SpeculativeGeneration:
 
     # -- the loop --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[str]:
-        stats = self.stats
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = StopMatcher(self.limits.stop)
-        start = time.perf_counter()
-        logits, stats.cached_tokens = self.cache.prefill(self.prompt)
+        emit = Emitter(self.cache, self.prompt, self.limits, self.stats)
+        self.tokens, self.history = emit.tokens, emit.history
+        logits, cached = self.cache.prefill(self.prompt)
         self.drafter.prepare(self.prompt)
-        stats.prefill_s = time.perf_counter() - start
-        self._start, self._first = start, 0.0
-        self.history = list(self.prompt)
+        emit.prefilled(cached)
         forced: int | None = None
         try:
             while True:
                 token = forced if forced is not None else self.policy.choose(logits, self._tail())
-                text, done = self._take(token)
+                text, done = emit.take(token)
                 if text:
                     yield text
                 if done:
                     break
                 logits, forced, accepted = self._advance(token)
                 for guess in accepted:
-                    text, done = self._take(guess)
+                    text, done = emit.take(guess)
                     if text:
                         yield text
                     if done:
-                        return
+                        break
+                if done:
+                    break
         finally:
-            stats.plain_step_s = self.control.plain_step_s()
-        tail = self._stops.flush() + self._utf8.decode(b"", final=True)
+            self.stats.plain_step_s = self.control.plain_step_s()
+        tail = emit.tail()
         if tail:
             yield tail
-
-    def _take(self, token: int) -> tuple[str, bool]:
-        """Emit one token as plain decoding would; returns (text, whether generation ends)."""
-        stats, limits, session = self.stats, self.limits, self.cache.session
-        now = time.perf_counter()
-        if not self.tokens:
-            self._first = now
-            stats.ttft_s = now - self._start
-        stats.decode_s = now - self._first
-        if session.is_eog(token) and not limits.ignore_eos:
-            stats.finish_reason = "stop"
-            return "", True
-        self.tokens.append(token)
-        self.history.append(token)
-        stats.generated_tokens = len(self.tokens)
-        text, stopped = self._stops.feed(self._utf8.decode(session.piece(token)))
-        if stopped:
-            stats.finish_reason = "stop"
-            return text, True
-        if len(self.tokens) == limits.max_tokens:
-            stats.finish_reason = "length"
-            return text, True
-        # Plain decoding stops once the token just emitted has no KV slot left.
-        if len(self.prompt) + len(self.tokens) - 1 >= session.n_ctx:
-            stats.finish_reason = "context"
-            return text, True
-        return text, False
 
     def _advance(self, token: int) -> tuple[np.ndarray | None, int | None, list[int]]:
         """Evaluate `token` (plus guesses); returns (next logits or None, forced next, accepted)."""

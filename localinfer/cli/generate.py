@@ -1,0 +1,152 @@
+"""`run` and `chat`: the request path from the command line to streamed text."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from localinfer.backends import LoadOptions
+from localinfer.cli import console, shell
+from localinfer.cli.options import (backend_option, check_backend, ctx_option, fit_model,
+                                    kv_type_option, memory_option, offline_option, open_ref,
+                                    quant_option, threads_option)
+from localinfer.errors import UsageError
+
+# The decode loop, the prompt cache and their numpy are imported inside the commands: `list` or
+# `quantize` should not pay for them at start-up.
+if TYPE_CHECKING:
+    from localinfer.cache.prompt_cache import PromptCache
+    from localinfer.engine.decode import Generation, Limits
+    from localinfer.engine.load import LoadedModel
+    from localinfer.engine.sampling import SamplingParams
+    from localinfer.speculate.verify import SpeculativeGeneration
+
+CTX_HELP = "Context length; 0 = model's, up to 4096."
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(chat)
+
+
+def run(
+    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a path to a .gguf file."),
+    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' reads it from stdin alone. "
+                                           "Piped stdin is put before it."),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message for chat models."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
+    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy and deterministic."),
+    top_k: int = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens; 0 = off."),
+    top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass."),
+    min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0,
+                                help="Drop tokens below this fraction of the top probability."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
+                                         help="Penalty for recently seen tokens; 1 = off."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling; -1 (or "
+                                       "none given) draws a new one each run."),
+    max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1,
+                                   help="Stop after this many tokens; -1 = until the model ends."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    ctx: int = ctx_option(0, 0, CTX_HELP),
+    threads: int = threads_option(),
+    backend: str = backend_option(),
+    offline: bool = offline_option("Never download; fail if not on disk."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings and engine logs on stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
+    draft: str = typer.Option("auto", "--draft", help="Speculative decoding: a draft MODEL, auto "
+                              "(catalogue draft if on disk, else lookup), lookup, self, none."),
+    draft_max: int = typer.Option(8, "--draft-max", min=0, help="Most tokens drafted per round "
+                                  "(adaptive below it); 0 = no speculation."),
+    quant: str = quant_option(),
+    memory_: Optional[str] = memory_option(),
+    kv_type: Optional[str] = kv_type_option(),
+) -> None:
+    """Generate a completion and stream it to stdout."""
+    from localinfer.cache import prompt_cache
+    from localinfer.engine.decode import Limits
+    from localinfer.engine.prompt import chat_tokens, messages_for, raw_tokens, uses_chat_template
+    from localinfer.engine.sampling import SamplingParams, make_sampler
+    _check_max_tokens(max_tokens)
+    check_backend(backend)
+    ref, options = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
+                             threads=threads, verbose=verbose, offline=offline)
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed)
+    limits = Limits(max_tokens, tuple(stop))
+    if prompt is None and console.interactive(sys.stdin):
+        from localinfer.cli import chat as chat_repl
+        loaded = open_ref(ref, backend=backend, offline=offline, options=options)
+        chat_repl.repl(loaded, make_sampler(params), system=system, limits=limits)
+        return
+    text = shell.combine_input(shell.read_stdin(), prompt)
+    loaded = open_ref(ref, backend=backend, offline=offline, options=options)
+    session = loaded.session
+    if uses_chat_template(session, raw):
+        tokens = chat_tokens(session, messages_for(text, system))
+    else:
+        if system and not raw:
+            console.warn("this model has no chat template; --system is ignored")
+        tokens = raw_tokens(session, text)
+    generation = _generation(loaded, tokens, params, limits, draft=draft, draft_max=draft_max,
+                             offline=offline, options=options,
+                             store=prompt_cache.open_for(session, enabled=not no_cache))
+    generation.stats.load_s = loaded.load_s
+    shell.emit(generation, loaded, as_json=as_json, verbose=verbose)
+    prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
+
+
+def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, limits: Limits, *,
+                draft: str, draft_max: int, offline: bool, options: LoadOptions,
+                store: PromptCache | None) -> Generation | SpeculativeGeneration:
+    """Plain decoding, or speculative decoding with the drafter --draft names."""
+    from localinfer.engine.decode import Generation
+    from localinfer.engine.kv import KVCache
+    from localinfer.engine.sampling import make_sampler
+    cache = KVCache(loaded.session, store)
+    if draft_max == 0:
+        return Generation(cache, tokens, make_sampler(params), limits)
+    from localinfer.speculate import choose
+    drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
+                                  notify=console.note)
+    if drafter is None:
+        return Generation(cache, tokens, make_sampler(params), limits)
+    return choose.speculative(loaded, cache, tokens, params, limits, drafter, max_draft=draft_max)
+
+
+def chat(
+    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a .gguf path."),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
+    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; -1 (or none given) "
+                                       "draws a new one each run."),
+    max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1, help="Per reply; -1 = no limit."),
+    ctx: int = ctx_option(0, 0, CTX_HELP),
+    threads: int = threads_option(),
+    backend: str = backend_option(),
+    offline: bool = offline_option(),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
+    quant: str = quant_option(),
+    memory_: Optional[str] = memory_option(),
+    kv_type: Optional[str] = kv_type_option(),
+) -> None:
+    """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
+    from localinfer.cli import chat as chat_repl
+    from localinfer.engine.decode import Limits
+    from localinfer.engine.sampling import SamplingParams, make_sampler
+    _check_max_tokens(max_tokens)
+    sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
+    check_backend(backend)
+    ref, options = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
+                             threads=threads, verbose=verbose, offline=offline)
+    loaded = open_ref(ref, backend=backend, offline=offline, options=options)
+    chat_repl.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
+                   use_cache=not no_cache)
+
+
+def _check_max_tokens(max_tokens: int) -> None:
+    if max_tokens == 0:
+        raise UsageError("--max-tokens must be -1 (no limit) or at least 1")

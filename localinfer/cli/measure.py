@@ -1,0 +1,231 @@
+"""`bench`, `quantize`, `eval` and `frontier`: speed, size and quality, measured and shown."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from localinfer.backends import LoadOptions
+from localinfer.cli import console
+from localinfer.cli.options import (MAX_CTX, backend_option, ctx_option, json_option,
+                                    offline_option, open_model, threads_option)
+from localinfer.errors import UsageError
+from localinfer.units import human_size
+
+if TYPE_CHECKING:
+    from localinfer.engine.load import LoadedModel
+    from localinfer.fit.memory import Estimate
+    from localinfer.quant.jobs import Job
+    from localinfer.quant.quantize import QuantPlan
+
+MODEL_HELP = "Catalogue name[:QUANT] or a .gguf path."
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(bench)
+    app.command("quantize")(quantize_cmd)
+    app.command("eval")(eval_cmd)
+    app.command("frontier")(frontier_cmd)
+
+
+# -- bench ----------------------------------------------------------------------------------------
+def bench(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    n_prompt: int = typer.Option(512, "--prompt-tokens", "-p", min=1, max=MAX_CTX // 2,
+                                 help="Prefill length."),
+    n_gen: int = typer.Option(128, "--gen-tokens", "-n", min=2, max=MAX_CTX // 2,
+                              help="Tokens to decode."),
+    repetitions: int = typer.Option(5, "--repetitions", "-r", min=1, help="Runs per test."),
+    threads: int = threads_option(),
+    backend: str = backend_option(),
+    offline: bool = offline_option(),
+    as_json: bool = json_option(),
+    draft: str = typer.Option("none", "--draft", help="Also measure speculative decoding with this "
+                              "drafter (MODEL|auto|lookup|self) against plain, side by side."),
+) -> None:
+    """Measure prefill and decode speed and time to first token."""
+    from localinfer.measure import bench as speed
+    options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads)
+    loaded = open_model(model, backend=backend, offline=offline, options=options)
+    if draft != "none":
+        _bench_speculation(loaded, draft, n_gen=n_gen, repetitions=repetitions, options=options,
+                           offline=offline, as_json=as_json)
+        return
+    result = speed.measure(loaded, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions,
+                           progress=console.note if console.interactive() else None)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    console.note(f"{result['model']} on {result['backend']}, {result['threads']} threads, "
+                 f"{result['repetitions']} runs (median, min–max)")
+    rows = []
+    for label, key, unit in ((f"prefill pp{result['n_prompt']}", "prefill_tps", "t/s"),
+                             (f"decode tg{result['n_gen']}", "decode_tps", "t/s"),
+                             ("time to first token", "ttft_s", "s")):
+        s = result[key]
+        rows.append([label, f"{s['median']:.3f} {unit}" if unit == "s" else f"{s['median']:.1f} {unit}",
+                     f"{s['min']:.3f}–{s['max']:.3f}" if unit == "s" else f"{s['min']:.1f}–{s['max']:.1f}"])
+    console.print_table(["TEST", "MEDIAN", "RANGE"], rows)
+
+
+def _bench_speculation(loaded: LoadedModel, draft: str, *, n_gen: int, repetitions: int,
+                       options: LoadOptions, offline: bool, as_json: bool) -> None:
+    from localinfer.measure import speculation
+    from localinfer.speculate import choose
+    drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
+                                  notify=console.note)
+    result = speculation.measure(loaded, drafter, n_gen=n_gen, repetitions=repetitions,
+                                 progress=console.note if console.interactive() else None)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    console.note(f"{result['model']}: speculation with {result['drafter']} vs plain, greedy, "
+                 f"{result['repetitions']} alternating runs (medians), verify chunk ≤ "
+                 f"{result['verify_chunk']}")
+    rows = [[name, f"{r['plain_tps']:.1f}", f"{r['speculative_tps']:.1f}", f"{r['ratio']:.2f}x",
+             f"{r['accepted']}/{r['drafted']}", "yes" if r["identical_greedy_output"] else "NO"]
+            for name, r in result["tasks"].items()]
+    console.print_table(["TASK", "PLAIN t/s", "SPEC t/s", "RATIO", "ACCEPTED", "SAME OUTPUT"], rows)
+
+
+# -- quantize -------------------------------------------------------------------------------------
+def quantize_cmd(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path to quantize from."),
+    qtype: str = typer.Option(..., "--type", help="Target type: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, "
+                              "IQ4_XS, Q3_K_M, Q2_K, IQ2_XXS, F16, BF16, F32, ..."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Write here instead of the model store."),
+    imatrix: Optional[Path] = typer.Option(None, "--imatrix", help="Importance matrix (IQ1/IQ2 need one)."),
+    allow_requantize: bool = typer.Option(False, "--allow-requantize",
+                                          help="Quantize an already quantized model (loses quality)."),
+    threads: int = threads_option("Threads; 0 = all hardware threads."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the exact size and memory; write nothing."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    offline: bool = offline_option("Never download the source."),
+    as_json: bool = json_option("With --dry-run: print JSON."),
+) -> None:
+    """Quantize a model with llama.cpp's quantizer; the result lands in the store as NAME:TYPE."""
+    from localinfer.quant import jobs
+    job = jobs.prepare(model, qtype, output, offline=offline, progress=console.interactive(),
+                       notify=console.note)
+    matrix = jobs.load_imatrix(imatrix)
+    if dry_run:
+        _show_plan(job, jobs.plan(job, matrix), ctx_sizes=(2048, 4096), as_json=as_json)
+        return
+    with console.progress_bar("quantizing") as progress:
+        size = jobs.write(job, matrix, threads=threads, allow_requantize=allow_requantize,
+                          force=force, progress=progress, warn=console.warn)
+    label = f"{job.name}:{job.qtype}" if job.store else str(job.output)
+    console.note(f"{label}: {human_size(size)} written to {job.output}")
+
+
+def _show_plan(job: Job, plan: QuantPlan, *, ctx_sizes: tuple[int, ...], as_json: bool) -> None:
+    """The dry run: the exact size and the memory the result would need at a few contexts."""
+    from localinfer.fit import memory
+    facts = memory.planned_facts(memory.facts_from_file(job.source), plan)
+    needs = {ctx: memory.estimate(facts, memory.Request(ctx)) for ctx in ctx_sizes}
+    tensor_types = dict(Counter(t.target_type for t in plan.tensors))
+    if as_json:
+        report = {"source": str(job.source), "type": job.qtype, "output": str(job.output),
+                  "file_size": plan.file_size, "needs_imatrix": plan.needs_imatrix,
+                  "requantizes": plan.requantized_types, "tensor_types": tensor_types,
+                  "memory": {str(ctx): e.as_dict() for ctx, e in needs.items()}}
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    rows = [["output", str(job.output)], ["type", job.qtype],
+            ["file size", f"{human_size(plan.file_size)} ({plan.file_size:,} bytes)"],
+            ["tensors", ", ".join(f"{n} {t}" for t, n in tensor_types.items())]]
+    for ctx, e in needs.items():
+        rows.append([f"memory at ctx {ctx}", describe_estimate(e)])
+    if plan.requantized_types:
+        rows.append(["requantizes", ", ".join(plan.requantized_types) + " (needs --allow-requantize)"])
+    if plan.needs_imatrix:
+        rows.append(["imatrix", "required (--imatrix FILE)"])
+    console.print_table(["QUANTIZE", "DRY RUN"], rows)
+
+
+def describe_estimate(e: Estimate) -> str:
+    mb = lambda n: f"{n / 1e6:.0f}"   # noqa: E731 - a local formatter
+    return (f"{human_size(e.total)} (weights {mb(e.weights)} + KV {mb(e.kv_cache)} + "
+            f"compute {mb(e.compute)} + overhead {mb(e.overhead)} MB)")
+
+
+# -- eval and frontier ---------------------------------------------------------------------------
+def eval_cmd(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path to measure."),
+    reference: Optional[str] = typer.Option(None, "--reference", "-r", help="A higher-precision "
+                                            "variant of the same model: adds mean KL and top-1 agreement."),
+    text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to score (default: chapters "
+                                        "I-III of Alice's Adventures in Wonderland)."),
+    ctx: int = ctx_option(512, 16, "Chunk length, as llama-perplexity -c."),
+    chunks: int = typer.Option(0, "--chunks", min=0, help="Score at most this many chunks; 0 = all."),
+    threads: int = threads_option(),
+    backend: str = backend_option(),
+    offline: bool = offline_option(),
+    as_json: bool = json_option(),
+) -> None:
+    """Perplexity over a text; with --reference, mean KL divergence and top-1 agreement too."""
+    from localinfer.measure import quality
+    words = quality.read_text(text)
+    options = LoadOptions(n_ctx=ctx, n_threads=threads, n_batch=ctx)
+    loaded = open_model(model, backend=backend, offline=offline, options=options)
+    ref = open_model(reference, backend=backend, offline=offline, options=options) if reference else None
+    tokens = quality.tokens_for(loaded.session, words)
+    if ref is not None and quality.tokens_for(ref.session, words) != tokens:
+        raise UsageError("the reference model tokenizes the text differently; "
+                         "it must be a variant of the same model")
+    show = console.interactive()
+    result = quality.evaluate(
+        loaded.session, tokens, n_ctx=ctx, reference=ref.session if ref else None,
+        max_chunks=chunks or None,
+        progress=(lambda i, n, ppl: console.note(f"[{i}/{n}] perplexity so far {ppl:.4f}")) if show else None)
+    record = {"model": loaded.ref.display, "reference": ref.ref.display if ref else None,
+              "text": str(text) if text else "default (Alice, ch. I-III)", **result.as_dict()}
+    if as_json:
+        sys.stdout.write(json.dumps(record) + "\n")
+        return
+    rows = [["model", record["model"]], ["text", record["text"]],
+            ["tokens scored", f"{result.tokens_scored} in {result.chunks} chunks of {ctx}"],
+            ["perplexity", f"{result.perplexity:.4f}"]]
+    if ref is not None:
+        rows += [["reference", record["reference"]], ["mean KL", f"{result.mean_kl:.5f} nats/token"],
+                 ["top-1 agreement", f"{result.top1_agreement:.2%}"]]
+    rows.append(["time", f"{result.seconds:.1f} s"])
+    console.print_table(["EVAL", "VALUE"], rows)
+
+
+def frontier_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    types: list[str] = typer.Option([], "--types", help="Types to compare (repeatable; default: "
+                                    "Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0 Q3_K_M Q2_K)."),
+    ctx: int = ctx_option(512, 16, "Chunk length for the quality measures."),
+    chunks: int = typer.Option(4, "--chunks", min=1, help="Chunks of the default text to score."),
+    threads: int = threads_option(),
+    offline: bool = offline_option(),
+    as_json: bool = json_option(),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw quality against speed and "
+                                        "size into this PNG file."),
+) -> None:
+    """Quantize to several types and measure size, memory, speed and quality; mark the frontier."""
+    from localinfer import settings
+    from localinfer.measure import frontier
+    from localinfer.quant import jobs, quantize
+    chosen = [quantize.parse_type(t) for t in types for t in t.split(",")] or \
+        list(frontier.DEFAULT_TYPES)
+    job = jobs.prepare(model, chosen[0], None, offline=offline, progress=console.interactive(),
+                       notify=console.note)
+    workdir = settings.load().cache_dir / "frontier" / job.name
+    reference, points = frontier.measure(job.source, chosen, workdir, n_ctx=ctx, chunks=chunks,
+                                         threads=threads, note=console.note)
+    if plot is not None:
+        frontier.plot(points, plot, f"{job.name}: quality vs speed and size")
+    if as_json:
+        sys.stdout.write(frontier.to_json(reference, points) + "\n")
+        return
+    console.print_table(frontier.HEADERS, frontier.as_rows(points))
+    console.note(f"* on the efficient frontier; quality against {reference.name}")

@@ -1,0 +1,111 @@
+"""`pull`, `list`, `rm`, `info` and `devices`: the models in the store and the machine they run on."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from localinfer.cli import console
+from localinfer.cli.options import json_option
+from localinfer.errors import UsageError
+from localinfer.models import refs
+from localinfer.units import human_size
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(pull)
+    app.command("list")(list_models)
+    app.command()(rm)
+    app.command()(info)
+    app.command()(devices)
+
+
+def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT].")) -> None:
+    """Download a model into the store (tries each source in order)."""
+    from localinfer.models import fetch
+    _, cat, store = refs.context()
+    ref = refs.parse_ref(model, cat)
+    if ref.spec is None:
+        raise UsageError("pull takes a catalogue name, not a file path")
+    path = fetch.ensure(ref.spec, ref.spec.variant(ref.quant), store,
+                        progress=console.interactive(), notify=console.note)
+    console.note(f"{ref.display} is at {path}")
+
+
+def list_models(
+    catalogue_: bool = typer.Option(False, "--catalogue", help="All models that can be pulled."),
+) -> None:
+    """Models on disk (or the whole catalogue with --catalogue)."""
+    _, cat, store = refs.context()
+    if catalogue_:
+        rows = [[spec.name, ", ".join(spec.variants), spec.parameters, spec.kind,
+                 ", ".join(spec.aliases)] for spec in cat.models.values()]
+        console.print_table(["NAME", "QUANTS", "PARAMS", "KIND", "ALIASES"], rows)
+        return
+    rows = [[m.name, m.quant, human_size(m.size), str(m.path)] for m in store.installed()]
+    if not rows:
+        console.note("no models on disk yet; `localinfer pull NAME` or `localinfer list --catalogue`")
+        return
+    console.print_table(["NAME", "QUANT", "SIZE", "PATH"], rows)
+
+
+def rm(model: str = typer.Argument(..., help="NAME (every quant) or NAME:QUANT.")) -> None:
+    """Delete a model from the store."""
+    from localinfer.models import store_sweep
+    _, cat, store = refs.context()
+    name, _, quant = model.partition(":")
+    spec = cat.get(name)
+    stored_name = spec.name if spec else name
+    store_sweep.sweep(store)        # temporary files that killed writers left go too
+    removed = store.remove(stored_name, quant.upper() or None)
+    if not removed:
+        raise UsageError(f"{model} is not on disk (`localinfer list` shows what is)")
+    for path in removed:
+        console.note(f"removed {path}")
+
+
+def info(
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
+    as_json: bool = json_option(),
+) -> None:
+    """Facts about a model: architecture, size, layers, heads, vocabulary, tensor types."""
+    from localinfer.cli import info as model_info
+    _, cat, store = refs.context()
+    facts = model_info.describe(refs.parse_ref(model, cat), store)
+    model_info.show(facts, as_json=as_json)
+
+
+def devices(as_json: bool = json_option()) -> None:
+    """This machine's CPU, memory and accelerators, and the backend `run` would choose."""
+    from localinfer.fit import machine
+    _show_devices(machine.detect(), as_json=as_json)
+
+
+def _show_devices(facts: dict, *, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(facts, indent=2) + "\n")
+        return
+    rows = [
+        ["cpu", f"{facts['cpu']} ({facts['machine']})"],
+        ["cores", f"{facts['physical_cores']} physical, {facts['logical_cores']} logical"],
+        ["simd", " ".join(facts["simd"]) or "none detected"],
+        ["ram", f"{human_size(facts['ram_available'])} available of "
+                f"{human_size(facts['ram_total'])}"],
+        ["apple silicon", "yes (Metal)" if facts["apple_silicon"] else "no"],
+        ["onnxruntime", ", ".join(facts["onnxruntime_providers"])
+         if facts["onnxruntime_providers"] is not None else "not installed"],
+    ]
+    for name, entry in facts["backends"].items():
+        if not entry["available"]:
+            rows.append([f"backend {name}", "not installed"])
+            continue
+        gpu = "GPU offload" if entry.get("gpu_offload") else "CPU only (no GPU offload in this build)"
+        if name == "mlx":
+            gpu = "Metal" if entry.get("metal") else "CPU build (no Metal)"
+            gpu += f"; runs {', '.join(entry.get('architectures', []))}"
+        rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
+    use = facts["run_would_use"]
+    rows.append(["run would use", f"{use['backend']}: {use['reason']}"])
+    console.print_table(["DEVICE", "VALUE"], rows)

@@ -1,0 +1,120 @@
+"""Options several commands share, the ranges their values must keep, and the step from a model
+option to a loaded model (fitted to memory for `run` and `chat`, as named for the others).
+
+The ranges are llama.cpp's: past them it aborts the process (100,000 threads: std::bad_alloc),
+overruns its fixed-size tables (more than GGML_MAX_N_THREADS threads), truncates (n_ctx is 32 bits
+in its C structs) or crawls: ggml's threads spin-wait for one another at every step, so threads
+beyond the CPUs make each step far slower (measured on 2 CPUs: 16 threads took 22 s and 64 threads
+57 s for what 2 do in under a second; 512 did not finish in 200 s).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import typer
+
+from localinfer.backends import BACKEND_CHOICES, LoadOptions
+from localinfer.cli import console
+from localinfer.errors import UsageError
+from localinfer.models import refs
+
+if TYPE_CHECKING:
+    from localinfer.engine.load import LoadedModel
+
+GGML_MAX_N_THREADS = 512      # ggml.h: the size of the thread pool's tables
+# Tokens of context (and of one `eval` chunk, which is also its batch). The longest context any
+# model is trained for is 10M tokens (Llama 4 Scout); memory bounds it further at run time.
+MAX_CTX = 1 << 24
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def max_threads() -> int:
+    return min(usable_cpus(), GGML_MAX_N_THREADS)
+
+
+# -- the options ----------------------------------------------------------------------------------
+def backend_option():
+    return typer.Option("auto", "--backend", help=f"Inference backend: {'|'.join(BACKEND_CHOICES)}.")
+
+
+def quant_option():
+    return typer.Option("auto", "--quant", "-q", help="Variant to run; auto = the most precise one "
+                        "that fits the memory budget (quantized here if none does).")
+
+
+def memory_option():
+    return typer.Option(None, "--memory", help="Memory budget, e.g. 6GB (default: available RAM "
+                        "minus headroom).")
+
+
+def kv_type_option():
+    return typer.Option(None, "--kv-type", help="KV cache: f16, q8_0 or q4_0 (default f16; q8_0 "
+                        "when that is what fits).")
+
+
+def threads_option(help_text: str = "CPU threads; 0 = physical cores."):
+    return typer.Option(0, "--threads", "-t", callback=check_threads, help=help_text)
+
+
+def check_threads(value: int) -> int:
+    top = max_threads()
+    if not 0 <= value <= top:
+        raise typer.BadParameter(f"must be 0 (automatic) to {top} (the CPUs this "
+                                 f"machine has), not {value}")
+    return value
+
+
+def ctx_option(default: int, minimum: int, help_text: str):
+    return typer.Option(default, "--ctx", "-c", min=minimum, max=MAX_CTX, help=help_text)
+
+
+def offline_option(help_text: str = "Never download."):
+    return typer.Option(False, "--offline", help=help_text)
+
+
+def json_option(help_text: str = "Print JSON."):
+    return typer.Option(False, "--json", help=help_text)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
+        raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
+
+
+# -- from the model option to a loaded model ------------------------------------------------------
+def fit_model(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_budget: str | None,
+              threads: int, verbose: bool, offline: bool) -> tuple[refs.ModelRef, LoadOptions]:
+    """The variant, context and KV type that fit the memory budget (pulled or quantized if need
+    be; notes on stderr)."""
+    from localinfer.fit import auto
+    chosen = auto.resolve(model, quant=quant, n_ctx=ctx, kv_type=kv_type,
+                          memory_budget=memory_budget, offline=offline, notify=console.note,
+                          progress=console.interactive(),
+                          quantize_bar=lambda: console.progress_bar("quantizing"))
+    for note in chosen.notes:
+        console.note(note)
+    return chosen.ref, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
+                                   kv_type=chosen.kv_type)
+
+
+def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions) -> LoadedModel:
+    """Load the model a name or path names, pulling it first if need be."""
+    check_backend(backend)
+    _, cat, _ = refs.context()
+    return open_ref(refs.parse_ref(model, cat), backend=backend, offline=offline, options=options)
+
+
+def open_ref(ref: refs.ModelRef, *, backend: str, offline: bool,
+             options: LoadOptions) -> LoadedModel:
+    from localinfer.engine.load import load_model
+    path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
+                       notify=console.note)
+    return load_model(ref, path, backend=backend, options=options)

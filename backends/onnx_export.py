@@ -1,0 +1,227 @@
+"""GGUF -> ONNX export, cached in the store: one weights file per model file, graphs per form.
+
+`<models>/.onnx/<stem>-<path hash>/` holds weights.bin and manifest.json (onnx_store) and one small
+graph file per form and accuracy level (onnx_forms), all referring to the same weights. The export
+key is made from the GGUF file's identity (path, size, modification time) and the exporter's
+version: a folder with another key, a manifest that does not check out, or a graph that does not
+parse or names another key is built again, never trusted. A new export is written into a temporary
+folder and renamed into place, so a reader sees the old export or the whole new one; two processes
+exporting at once each build their own and the second rename loses harmlessly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from localinfer.backends import onnx_forms, onnx_weights
+from localinfer.backends.onnx_arch import Spec
+from localinfer.backends.onnx_store import WeightIndex, WeightWriter, read_index
+from localinfer.errors import ModelLoadError
+from localinfer.models.gguf_header import Header
+
+EXPORTER_VERSION = 1          # bump when the weights or graphs change: old exports become stale
+MAX_GRAPH_BYTES = 64 << 20    # a graph file holds no weights: a few hundred kilobytes
+_ABANDONED_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Form:
+    """Which graph: dynamic, or static with `tokens` per call and `slots` cache rows."""
+
+    kind: str = "dynamic"
+    accuracy: int = 4           # MatMulNBits accuracy_level: 0 exact float, 4 int8 activations
+    tokens: int = 0
+    slots: int = 0
+
+    @property
+    def file_name(self) -> str:
+        if self.kind == "dynamic":
+            return f"dynamic-a{self.accuracy}.onnx"
+        return f"static-a{self.accuracy}-t{self.tokens}-c{self.slots}.onnx"
+
+
+def export_key(path: Path) -> str:
+    st = path.stat()
+    identity = {"source": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "exporter": EXPORTER_VERSION}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def export_dir(path: Path, cache_dir: Path) -> Path:
+    """One folder per source file: a new export replaces the stale one."""
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", path.stem)[:64].lstrip(".") or "model"
+    return cache_dir / f"{stem}-{where}"
+
+
+def ensure_weights(path: Path, header: Header, spec: Spec, cache_dir: Path, *,
+                   note: Callable[[str], None] | None = None) -> tuple[Path, WeightIndex]:
+    """The export folder of `path` and its checked index, exporting the weights when needed."""
+    folder, key = export_dir(path, cache_dir), export_key(path)
+    names = set(spec.tensors())
+    index = read_index(folder, key, names)
+    if index is None:
+        if note:
+            note(f"exporting {path.name} to ONNX (once per model file)")
+        _build(path, header, spec, folder, key)
+        index = read_index(folder, key, names)
+        if index is None:
+            raise ModelLoadError(f"the ONNX export of {path.name} in {folder} did not check out "
+                                 "after writing it; is the disk full?")
+    return folder, index
+
+
+def ensure_graph(folder: Path, index: WeightIndex, spec: Spec, form: Form) -> Path:
+    """The graph file of `form`, written when missing or not this export's."""
+    target = folder / form.file_name
+    if _graph_ok(target, index.key, form):
+        return target
+    meta = {"localinfer.key": index.key, "localinfer.form": form.file_name}
+    if form.kind == "dynamic":
+        model = onnx_forms.dynamic(spec, index, form.accuracy, meta)
+    else:
+        model = onnx_forms.static(spec, index, form.accuracy, form.tokens, form.slots, meta)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_bytes(model.SerializeToString())
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ModelLoadError(f"cannot write the ONNX graph {target}: {e}") from e
+    return target
+
+
+def discard(folder: Path) -> None:
+    """Remove an export ONNX Runtime refused, so the next load builds it again."""
+    old = folder.with_name(f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.old")
+    try:
+        os.rename(folder, old)
+    except OSError:
+        return
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# -- building --------------------------------------------------------------------------------------
+def _build(path: Path, header: Header, spec: Spec, folder: Path, key: str) -> None:
+    _sweep(folder)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.mkdir(parents=True)
+        start = time.perf_counter()
+        writer = WeightWriter(tmp)
+        try:
+            write_weights(path, header, spec, writer)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.finish(key, {"source": str(path.resolve()), "exporter": EXPORTER_VERSION,
+                            "seconds": round(time.perf_counter() - start, 2)})
+        _install(tmp, folder)
+    except OSError as e:
+        raise ModelLoadError(f"cannot write the ONNX export of {path.name} under "
+                             f"{folder.parent}: {e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_weights(path: Path, header: Header, spec: Spec, writer: WeightWriter) -> None:
+    """Every tensor the graphs read, converted one at a time (peak memory: the largest one)."""
+    alignment = int(header.metadata.get("general.alignment", 32))
+    data_start = -(-header.header_size // alignment) * alignment
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = {t.name: t for t in header.tensors}
+    for name, shape in spec.tensors().items():
+        t = tensors[name]
+        data = raw[data_start + t.offset:data_start + t.offset + t.n_bytes]
+        try:
+            if len(shape) == 1:
+                writer.add_vector(name, onnx_weights.vector(t.type_name, data, shape[0]))
+            else:
+                writer.add_matrix(name, _matrix(spec, name, t.type_name, data, shape))
+        except onnx_weights.UnreadableTensor as e:
+            raise ModelLoadError(f"cannot export {path.name} to ONNX: tensor {name} holds {e}, "
+                                 "which the exporter does not read; use --backend llama.cpp") from None
+
+
+def _matrix(spec: Spec, name: str, type_name: str, data: np.ndarray, shape) -> onnx_weights.Matrix:
+    cols, rows = shape
+    m = onnx_weights.matrix(type_name, data, rows, cols)
+    if spec.arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_[qk]\.weight", name):
+        m = onnx_weights.take_rows(m, unpermute_rows(rows // spec.head_dim, spec.head_dim))
+    return m
+
+
+def unpermute_rows(n_head: int, head_dim: int) -> np.ndarray:
+    """Row order undoing the GGUF converter's Q/K permutation: llama.cpp rotates adjacent pairs
+    (2i, 2i+1), GroupQueryAttention rotates halves (i, i + head_dim/2)."""
+    rows = np.arange(n_head * head_dim).reshape(n_head, head_dim // 2, 2)
+    return rows.swapaxes(1, 2).reshape(-1)
+
+
+def _install(tmp: Path, folder: Path) -> None:
+    """Put the finished export in place of whatever was there."""
+    old = folder.with_name(f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.old")
+    try:
+        os.rename(folder, old)
+    except FileNotFoundError:
+        old = None
+    try:
+        os.rename(tmp, folder)
+    except OSError:
+        pass          # another process installed its export first: it is as good as ours
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _graph_ok(target: Path, key: str, form: Form) -> bool:
+    import onnx
+    try:
+        if target.stat().st_size > MAX_GRAPH_BYTES:
+            return False
+        model = onnx.load(str(target), load_external_data=False)
+    except Exception:          # missing, unreadable, or not a protobuf: build it again
+        return False
+    meta = {p.key: p.value for p in model.metadata_props}
+    return meta.get("localinfer.key") == key and meta.get("localinfer.form") == form.file_name
+
+
+def _sweep(folder: Path) -> None:
+    """Temporary folders of exports whose writer died (killed mid-export) are removed."""
+    pattern = re.compile(rf"\.{re.escape(folder.name)}\.(\d+)\.[0-9a-f]{{8}}\.(tmp|old)")
+    try:
+        entries = list(folder.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match and _abandoned(entry, int(match[1])):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _abandoned(entry: Path, pid: int) -> bool:
+    """Its writer is gone, or (pids are reused) it has not changed for a day."""
+    try:
+        if time.time() - entry.lstat().st_mtime > _ABANDONED_S:
+            return True
+    except OSError:
+        return False
+    if os.name != "posix" or pid == os.getpid():
+        return False          # on Windows os.kill(pid, 0) would end the process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False

@@ -1,0 +1,289 @@
+"""ONNX Runtime backend: the GGUF files users already have, exported to ONNX and run on an
+execution provider (the CPU here; NPU providers through the static graph form).
+
+The export (onnx_export) is made once per model file and cached in the store. Tokenization is
+llama.cpp's, loaded vocabulary-only, so token ids match the other backends. The KV cache keeps
+every position of every layer (sliding-window layers mask, they do not drop), so it can be trimmed
+anywhere and a saved state restored and then trimmed, like the llama.cpp backend with `swa_full`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+from localinfer.backends import Backend, LoadOptions, context_length
+from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
+
+# Providers that run the dynamic graph (GroupQueryAttention, any number of tokens per call); any
+# other provider gets the static plain-op graphs.
+DYNAMIC_PROVIDERS = {"CPUExecutionProvider", "DmlExecutionProvider", "WebGpuExecutionProvider"}
+MAX_LOGIT_BYTES = 256 << 20    # logits="all": rows per call so one call's output stays below this
+_STATE = struct.Struct("<8sIIIII")
+_STATE_MAGIC = b"LIONNXKV"
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    """How the export runs; the defaults are `--backend onnx`'s."""
+
+    accuracy: int = 4              # MatMulNBits accuracy_level: 0 exact float32, 4 int8 activations
+    providers: tuple = ("CPUExecutionProvider",)   # ORT's list: names or (name, options) pairs
+    form: str = "auto"             # "dynamic", "static", or by provider
+    prefill_tokens: int = 64       # static form: tokens per prefill call
+    session_config: tuple[tuple[str, str], ...] = ()   # ORT session config entries
+
+
+class OnnxSession:
+    """One exported model on ONNX Runtime and one KV-cache sequence."""
+
+    def __init__(self, path: Path, options: LoadOptions, onnx: OnnxOptions = OnnxOptions()) -> None:
+        from localinfer.backends import onnx_arch
+        from localinfer.backends.llama_vocab import LlamaVocab
+        from localinfer.models.gguf_checks import checked_header
+
+        if options.kv_type != "f16":
+            raise UsageError(f"the ONNX backend keeps its KV cache in float32; "
+                             f"--kv-type {options.kv_type} needs --backend llama.cpp")
+        if onnx.accuracy not in (0, 1, 2, 3, 4):
+            raise UsageError(f"accuracy level {onnx.accuracy} is not one of 0-4")
+        header = checked_header(path)
+        self.spec = onnx_arch.read_spec(path, header)
+        self._path, self._options, self._onnx = path, options, onnx
+        self._vocab = LlamaVocab(path, verbose=options.verbose)
+        if self._vocab.n_vocab != self.spec.n_vocab:
+            self._vocab.close()
+            raise ModelLoadError(f"cannot load {path.name}: {self._vocab.n_vocab} tokens but "
+                                 f"{self.spec.n_vocab} embedding rows")
+        self.architecture = self.spec.arch
+        self.metadata = self._vocab.metadata
+        self.n_vocab = self._vocab.n_vocab
+        self.n_ctx = context_length(options.n_ctx, self._vocab.n_ctx_train)
+        self.n_batch = max(1, options.n_batch)
+        self.bos_token, self.eos_token = self._vocab.bos_token, self._vocab.eos_token
+        self.add_bos, self.chat_template = self._vocab.add_bos, self._vocab.chat_template
+        self.n_past = 0
+        self._max_rows = max(1, MAX_LOGIT_BYTES // (4 * self.n_vocab))
+        try:
+            self._runner, self.form, self.export_key = _open(path, header, self.spec, self.n_ctx,
+                                                             options, onnx)
+        except BaseException:
+            self._vocab.close()
+            raise
+
+    # -- tokens: llama.cpp's, so ids match the other backends exactly -----------------------------
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return self._vocab.tokenize(text, special=special)
+
+    def piece(self, token: int) -> bytes:
+        return self._vocab.piece(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return self._vocab.detokenize(tokens)
+
+    def is_eog(self, token: int) -> bool:
+        return self._vocab.is_eog(token)
+
+    def token_text(self, token: int) -> str:
+        return self._vocab.token_text(token)
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
+        n = len(tokens)
+        if not n:
+            raise LocalinferError("eval needs at least one token")
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflow(
+                f"the context is full ({self.n_ctx} tokens); raise --ctx or shorten the input")
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise LocalinferError(f"token id {int(ids.max() if ids.max() >= self.n_vocab else ids.min())} "
+                                  f"is outside the vocabulary of {self.n_vocab}")
+        step = self.n_batch if logits == "last" else min(self.n_batch, self._max_rows)
+        rows = []
+        for start in range(0, n, step):
+            chunk = ids[start:start + step]
+            out = self._runner.run(chunk, self.n_past, len(chunk) - 1 if logits == "last" else 0)
+            self.n_past += len(chunk)
+            if logits == "all":
+                rows.append(out if start + step >= n else out.copy())
+        if logits == "last":
+            return out[-1]
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    # -- KV cache ----------------------------------------------------------------------------------
+    def trim(self, n_keep: int) -> bool:
+        # Rows past n_past are never read (GroupQueryAttention reads up to seqlens_k, the static
+        # graphs mask them), so dropping them is forgetting them.
+        self.n_past = max(0, min(n_keep, self.n_past))
+        return True
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def state(self) -> bytes:
+        """Every layer's K and V rows up to n_past, after a header that says whose they are."""
+        spec, n = self.spec, self.n_past
+        head = _STATE.pack(_STATE_MAGIC, 1, len(self._runner.buffers), spec.n_kv, spec.head_dim, n)
+        return head + b"".join(buf[:, :, :n].tobytes() for buf in self._runner.buffers)
+
+    def restore(self, blob: bytes, n_past: int) -> None:
+        self.reset()
+        buffers, spec = self._runner.buffers, self.spec
+        row_bytes = spec.n_kv * spec.head_dim * 4
+        expected = (_STATE_MAGIC, 1, len(buffers), spec.n_kv, spec.head_dim, n_past)
+        if len(blob) < _STATE.size or _STATE.unpack_from(blob) != expected \
+                or not 0 <= n_past <= self.n_ctx \
+                or len(blob) != _STATE.size + len(buffers) * n_past * row_bytes:
+            raise LocalinferError("could not restore the KV-cache state: it does not fit this model")
+        shape = (1, spec.n_kv, n_past, spec.head_dim)
+        for i, buf in enumerate(buffers):
+            start = _STATE.size + i * n_past * row_bytes
+            buf[:, :, :n_past] = np.frombuffer(blob, np.float32, n_past * row_bytes // 4,
+                                               start).reshape(shape)
+        self.n_past = n_past
+
+    def state_identity(self) -> dict[str, object]:
+        """Everything that shapes the KV state: a saved state is restored only into an equal one."""
+        st = self._path.stat()
+        return {"backend": "onnx", "engine": _versions(), "model": str(self._path.resolve()),
+                "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
+                "n_batch": self.n_batch, "export": self.export_key, "form": self.form,
+                "providers": [str(p) for p in self._onnx.providers], "kv": "float32"}
+
+    def close(self) -> None:
+        self._runner = None
+        if getattr(self, "_vocab", None) is not None:
+            self._vocab.close()
+            self._vocab = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# -- opening the export on ONNX Runtime -------------------------------------------------------------
+def _open(path: Path, header, spec, n_ctx: int, options: LoadOptions, onnx: OnnxOptions):
+    """(runner, form file name, export key); an export ONNX Runtime refuses is rebuilt once."""
+    from localinfer.backends import onnx_export
+    for attempt in (1, 2):
+        folder, index = onnx_export.ensure_weights(path, header, spec, export_root())
+        try:
+            runner, form = _runner(folder, index, spec, n_ctx, options, onnx)
+            return runner, form, index.key
+        except (ModelLoadError, UsageError):
+            raise
+        except Exception as e:       # ORT's own errors on a damaged graph or weights file
+            if attempt == 2:
+                reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                raise ModelLoadError(f"ONNX Runtime cannot load the export of {path.name}: "
+                                     f"{reason}") from e
+            onnx_export.discard(folder)
+    raise AssertionError("unreachable")
+
+
+def _runner(folder: Path, index, spec, n_ctx: int, options: LoadOptions, onnx: OnnxOptions):
+    from localinfer.backends import onnx_runner
+    from localinfer.backends.onnx_export import Form, ensure_graph
+    factors = index.vector(folder, "rope_freqs.weight") if spec.rope_factors else None
+    tables = onnx_runner.rope_tables(spec, n_ctx, factors)
+    kind = graph_form(onnx)
+    if kind == "dynamic":
+        form = Form("dynamic", onnx.accuracy)
+        session = _session(ensure_graph(folder, index, spec, form), options, onnx)
+        return onnx_runner.DynamicRunner(session, spec, n_ctx, tables), form.file_name
+    prefill = Form("static", onnx.accuracy, min(onnx.prefill_tokens, n_ctx), n_ctx)
+    decode = Form("static", onnx.accuracy, 1, n_ctx)
+    sessions = [_session(ensure_graph(folder, index, spec, f), options, onnx)
+                for f in (prefill, decode)]
+    return onnx_runner.StaticRunner(*sessions, spec, prefill.tokens, n_ctx, tables), \
+        prefill.file_name
+
+
+def _session(graph: Path, options: LoadOptions, onnx: OnnxOptions):
+    import onnxruntime as ort
+
+    from localinfer.backends.llama_cpp import default_threads
+    from localinfer.backends.onnx_runner import session_options
+    so = session_options(options.n_threads or default_threads(), dict(onnx.session_config))
+    return ort.InferenceSession(str(graph), so, providers=list(onnx.providers))
+
+
+def graph_form(onnx: OnnxOptions) -> str:
+    if onnx.form != "auto":
+        return onnx.form
+    names = {p if isinstance(p, str) else p[0] for p in onnx.providers}
+    return "dynamic" if names <= DYNAMIC_PROVIDERS else "static"
+
+
+def export_root() -> Path:
+    from localinfer import settings
+    return settings.load().models_dir / ".onnx"
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+    return f"onnxruntime {version('onnxruntime')}, onnx {version('onnx')}"
+
+
+# -- the registry's record --------------------------------------------------------------------------
+def _is_available() -> bool:
+    """onnxruntime, onnx and gguf for the export, llama.cpp for tokenization; found without
+    importing them (onnxruntime's import takes a few hundred milliseconds)."""
+    from importlib.util import find_spec
+    try:
+        return all(find_spec(n) is not None for n in ("onnxruntime", "onnx", "gguf", "llama_cpp"))
+    except (ImportError, ValueError):
+        return False
+
+
+def _supports_architecture(architecture: str) -> bool:
+    from localinfer.backends.onnx_arch import ARCHITECTURES
+    return architecture in ARCHITECTURES
+
+
+def _auto_blocker() -> str | None:
+    """`auto` takes ONNX only where an NPU runs the whole graph; on a CPU llama.cpp is the faster
+    engine. Checking an NPU provider's coverage is not built yet, so until then: never."""
+    providers = _providers()
+    npu = [p for p in providers if p not in DYNAMIC_PROVIDERS | {"AzureExecutionProvider"}]
+    if not npu:
+        return "picked automatically only for an NPU, and onnxruntime here has no NPU provider " \
+               f"({', '.join(providers) or 'none'}); --backend onnx forces it"
+    return f"an NPU provider is installed ({', '.join(npu)}), but whether it runs the whole " \
+           "graph is not checked yet; --backend onnx forces the CPU provider"
+
+
+def _providers() -> list[str]:
+    try:
+        import onnxruntime
+    except ImportError:
+        return []
+    return list(onnxruntime.get_available_providers())
+
+
+def _load(path: Path, options: LoadOptions) -> OnnxSession:
+    return OnnxSession(path, options)
+
+
+def describe() -> dict:
+    from localinfer.backends.onnx_arch import ARCHITECTURES
+    return {"version": _versions(), "gpu_offload": False, "providers": _providers(),
+            "architectures": sorted(ARCHITECTURES),
+            "auto": _auto_blocker() or "auto may pick it on this machine"}
+
+
+BACKEND = Backend(
+    name="onnx",
+    is_available=_is_available,
+    supports_architecture=_supports_architecture,
+    load=_load,
+    describe=describe,
+    auto_blocker=_auto_blocker,
+)

@@ -39,6 +39,7 @@ class LoadOptions:
     n_batch: int = 512            # tokens per llama_decode call during prefill
     verbose: bool = False         # let the engine's own log lines through to stderr
     kv_type: str = "f16"          # KV-cache element type: f16, q8_0 or q4_0
+    gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
 
 
 class Session(Protocol):

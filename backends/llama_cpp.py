@@ -17,6 +17,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
+from localinfer.backends.llama_devices import model_offload
 from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.models.gguf_checks import check_model
@@ -182,11 +183,14 @@ class LlamaCppSession(GGUFVocabulary):
         self.kv_type = options.kv_type      # part of the exactness probe's key
         log = init_engine(options.verbose)
         mparams = lib.llama_model_default_params()
+        # The fit's placement (or --gpu-layers); llama.cpp's own default puts every layer on the GPU.
+        mparams.n_gpu_layers = max(-1, min(options.gpu_layers, 2 ** 31 - 1))
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             reason = log.last_error() or "llama.cpp could not load it"
             raise ModelLoadError(f"cannot load {path.name}: {reason}")
         self._init_vocabulary()
+        self.offload = model_offload(self._model, options.gpu_layers)
         trained = lib.llama_model_n_ctx_train(self._model)
         n_ctx = context_length(options.n_ctx, trained)
         self._ctx = self._new_context(options, n_ctx)
@@ -327,7 +331,8 @@ class LlamaCppSession(GGUFVocabulary):
         return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
-                "kv_types": list(kv_cache_types(self._options.kv_type)), "swa_full": True}
+                "kv_types": list(kv_cache_types(self._options.kv_type)), "swa_full": True,
+                **self.offload.identity()}
 
     def restore(self, blob: bytes, n_past: int) -> None:
         lib = engine()

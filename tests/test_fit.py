@@ -59,9 +59,9 @@ def test_override_wins():
 
 
 @pytest.mark.parametrize("machine, n_ctx, fits, ctx, kv, gpu_layers", [
-    ("16 GB M3", 4096, True, 4096, "f16", 0),            # plenty of unified memory
+    ("16 GB M3", 4096, True, 4096, "f16", 33),           # plenty of unified memory: all on Metal
     ("8 GB x86 laptop", 8192, True, 8192, "f16", 0),
-    ("8 GB M1", 32768, True, 8192, "q8_0", 0),           # q8_0 KV, then a shorter context
+    ("8 GB M1", 32768, True, 8192, "q8_0", 33),          # q8_0 KV, then a shorter context
     ("8 GB x86 laptop", 32768, True, 16384, "q8_0", 0),
     ("24 GB x86 + 6 GB GPU", 32768, True, 32768, "f16", 21),  # 21 layers on the GPU, the rest in RAM
     ("4 GB x86", 4096, False, 512, "q8_0", 0),           # nothing helps: says so

@@ -31,6 +31,9 @@ def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: L
     cache = KVCache(session, prompt_cache.open_for(session, enabled=use_cache))
     messages: list[dict[str, str]] = []
     console.note(f"{loaded.ref.display} ready · {HELP}")
+    if verbose:
+        from localinfer.cli.gpu import say_offload
+        say_offload(loaded)
     prompt = ">>> " if console.interactive(sys.stdin) else ""   # no prompts mixed into piped output
     while True:
         try:

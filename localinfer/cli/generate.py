@@ -10,8 +10,8 @@ import typer
 from localinfer.backends import LoadOptions
 from localinfer.cli import console, shell
 from localinfer.cli.options import (backend_option, check_backend, ctx_option, fit_model,
-                                    kv_type_option, memory_option, offline_option, open_ref,
-                                    quant_option, threads_option)
+                                    gpu_layers_option, kv_type_option, memory_option,
+                                    offline_option, open_ref, quant_option, threads_option)
 from localinfer.errors import UsageError
 
 # The decode loop, the prompt cache and their numpy are imported inside the commands: `list` or
@@ -63,6 +63,7 @@ def run(
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
+    gpu_layers: str = gpu_layers_option(),
 ) -> None:
     """Generate a completion and stream it to stdout."""
     from localinfer.cache import prompt_cache
@@ -72,7 +73,8 @@ def run(
     _check_max_tokens(max_tokens)
     check_backend(backend)
     ref, options = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                             threads=threads, verbose=verbose, offline=offline)
+                             threads=threads, verbose=verbose, offline=offline,
+                             gpu_layers=gpu_layers)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     limits = Limits(max_tokens, tuple(stop))
@@ -132,6 +134,7 @@ def chat(
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
+    gpu_layers: str = gpu_layers_option(),
 ) -> None:
     """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
     from localinfer.cli import chat as chat_repl
@@ -141,7 +144,8 @@ def chat(
     sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
     check_backend(backend)
     ref, options = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                             threads=threads, verbose=verbose, offline=offline)
+                             threads=threads, verbose=verbose, offline=offline,
+                             gpu_layers=gpu_layers)
     loaded = open_ref(ref, backend=backend, offline=offline, options=options)
     chat_repl.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
                    use_cache=not no_cache)

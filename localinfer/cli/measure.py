@@ -12,8 +12,8 @@ import typer
 
 from localinfer.backends import LoadOptions
 from localinfer.cli import console
-from localinfer.cli.options import (MAX_CTX, backend_option, ctx_option, json_option,
-                                    offline_option, open_model, threads_option)
+from localinfer.cli.options import (MAX_CTX, backend_option, ctx_option, gpu_layers_option,
+                                    json_option, offline_option, open_model, threads_option)
 from localinfer.errors import UsageError
 from localinfer.units import human_size
 
@@ -47,22 +47,27 @@ def bench(
     as_json: bool = json_option(),
     draft: str = typer.Option("none", "--draft", help="Also measure speculative decoding with this "
                               "drafter (MODEL|auto|lookup|self) against plain, side by side."),
+    gpu_layers: str = gpu_layers_option(),
 ) -> None:
     """Measure prefill and decode speed and time to first token."""
+    from localinfer.cli.gpu import offload_facts, say_offload
     from localinfer.measure import bench as speed
     options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads)
-    loaded = open_model(model, backend=backend, offline=offline, options=options)
+    loaded = open_model(model, backend=backend, offline=offline, options=options,
+                        gpu_layers=gpu_layers)
     if draft != "none":
         _bench_speculation(loaded, draft, n_gen=n_gen, repetitions=repetitions, options=options,
                            offline=offline, as_json=as_json)
         return
     result = speed.measure(loaded, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions,
                            progress=console.note if console.interactive() else None)
+    result.update(offload_facts(loaded))
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
         return
     console.note(f"{result['model']} on {result['backend']}, {result['threads']} threads, "
                  f"{result['repetitions']} runs (median, min–max)")
+    say_offload(loaded)
     rows = []
     for label, key, unit in ((f"prefill pp{result['n_prompt']}", "prefill_tps", "t/s"),
                              (f"decode tg{result['n_gen']}", "decode_tps", "t/s"),

@@ -78,14 +78,17 @@ def info(
 
 
 def devices(as_json: bool = json_option()) -> None:
-    """This machine's CPU, memory and accelerators, and the backend `run` would choose."""
+    """This machine's CPU, memory and accelerators (each device llama.cpp reports, with its free
+    and total memory), and the backend `run` would choose."""
     from localinfer.fit import machine
     _show_devices(machine.detect(), as_json=as_json)
 
 
 def _show_devices(facts: dict, *, as_json: bool) -> None:
+    from localinfer.cli.gpu import device_rows, say_rebuild_hint
     if as_json:
         sys.stdout.write(json.dumps(facts, indent=2) + "\n")
+        say_rebuild_hint(facts.get("gpu_hint") or "")
         return
     rows = [
         ["cpu", f"{facts['cpu']} ({facts['machine']})"],
@@ -106,6 +109,8 @@ def _show_devices(facts: dict, *, as_json: bool) -> None:
             gpu = "Metal" if entry.get("metal") else "CPU build (no Metal)"
             gpu += f"; runs {', '.join(entry.get('architectures', []))}"
         rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
+    rows += device_rows(facts.get("devices", []))
     use = facts["run_would_use"]
     rows.append(["run would use", f"{use['backend']}: {use['reason']}"])
     console.print_table(["DEVICE", "VALUE"], rows)
+    say_rebuild_hint(facts.get("gpu_hint") or "")

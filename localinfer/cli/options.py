@@ -27,6 +27,8 @@ GGML_MAX_N_THREADS = 512      # ggml.h: the size of the thread pool's tables
 # Tokens of context (and of one `eval` chunk, which is also its batch). The longest context any
 # model is trained for is 10M tokens (Llama 4 Scout); memory bounds it further at run time.
 MAX_CTX = 1 << 24
+# --gpu-layers: llama.cpp's own limit on a model's layers is 512 (LLAMA_MAX_LAYERS); more means all.
+MAX_GPU_LAYERS = 1 << 16
 
 
 def usable_cpus() -> int:
@@ -72,6 +74,28 @@ def check_threads(value: int) -> int:
     return value
 
 
+def gpu_layers_option():
+    return typer.Option("auto", "--gpu-layers", callback=check_gpu_layers,
+                        help="Layers on the GPU: auto (as many as its free memory holds), N "
+                        "(more than the model has = all), or 0 (CPU only).")
+
+
+def check_gpu_layers(value: str) -> str:
+    parse_gpu_layers(value)
+    return value
+
+
+def parse_gpu_layers(value: str) -> int | None:
+    """--gpu-layers as a count (None for auto); anything else is refused before llama.cpp sees it."""
+    text = value.strip().lower()
+    if text == "auto":
+        return None
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_GPU_LAYERS:
+        raise typer.BadParameter(f"must be auto, 0 (CPU only) or a number of layers up to "
+                                 f"{MAX_GPU_LAYERS}, not {value}")
+    return int(text)
+
+
 def ctx_option(default: int, minimum: int, help_text: str):
     return typer.Option(default, "--ctx", "-c", min=minimum, max=MAX_CTX, help=help_text)
 
@@ -91,30 +115,49 @@ def check_backend(backend: str) -> None:
 
 # -- from the model option to a loaded model ------------------------------------------------------
 def fit_model(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_budget: str | None,
-              threads: int, verbose: bool, offline: bool) -> tuple[refs.ModelRef, LoadOptions]:
-    """The variant, context and KV type that fit the memory budget (pulled or quantized if need
-    be; notes on stderr)."""
+              threads: int, verbose: bool, offline: bool,
+              gpu_layers: str = "auto") -> tuple[refs.ModelRef, LoadOptions]:
+    """The variant, context, KV type and GPU layers that fit the memory budget (pulled or
+    quantized if need be; notes on stderr)."""
     from localinfer.fit import auto
     chosen = auto.resolve(model, quant=quant, n_ctx=ctx, kv_type=kv_type,
                           memory_budget=memory_budget, offline=offline, notify=console.note,
                           progress=console.interactive(),
-                          quantize_bar=lambda: console.progress_bar("quantizing"))
+                          quantize_bar=lambda: console.progress_bar("quantizing"),
+                          gpu_layers=_gpu_layers(gpu_layers))
     for note in chosen.notes:
         console.note(note)
     return chosen.ref, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
-                                   kv_type=chosen.kv_type)
+                                   kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers)
 
 
-def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions) -> LoadedModel:
-    """Load the model a name or path names, pulling it first if need be."""
+def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions,
+               gpu_layers: str | None = None) -> LoadedModel:
+    """Load the model a name or path names, pulling it first if need be; `gpu_layers` (a
+    --gpu-layers value) places its layers as `run` would, None keeps `options`'."""
     check_backend(backend)
     _, cat, _ = refs.context()
-    return open_ref(refs.parse_ref(model, cat), backend=backend, offline=offline, options=options)
+    return open_ref(refs.parse_ref(model, cat), backend=backend, offline=offline, options=options,
+                    gpu_layers=gpu_layers)
 
 
-def open_ref(ref: refs.ModelRef, *, backend: str, offline: bool,
-             options: LoadOptions) -> LoadedModel:
+def open_ref(ref: refs.ModelRef, *, backend: str, offline: bool, options: LoadOptions,
+             gpu_layers: str | None = None) -> LoadedModel:
+    from dataclasses import replace
+
     from localinfer.engine.load import load_model
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
                        notify=console.note)
+    if gpu_layers is not None:
+        from localinfer.fit import auto
+        placed = auto.place_file(path, n_ctx=options.n_ctx, kv_type=options.kv_type,
+                                 gpu_layers=_gpu_layers(gpu_layers))
+        options = replace(options, gpu_layers=placed.gpu_layers)
     return load_model(ref, path, backend=backend, options=options)
+
+
+def _gpu_layers(value: str) -> int | None:
+    try:
+        return parse_gpu_layers(value)
+    except typer.BadParameter as e:     # a caller that skipped the option's check
+        raise UsageError(f"--gpu-layers {e}") from None

@@ -188,10 +188,11 @@ def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose:
 
 def _finish(generation: Generation, loaded: LoadedModel, pieces: list[str], *,
             as_json: bool, verbose: bool) -> None:
+    from localinfer.cli import gpu
     stats = generation.stats
     if as_json:
         record = {"model": loaded.ref.display, "backend": loaded.backend, "text": "".join(pieces),
-                  **stats.as_dict()}
+                  **stats.as_dict(), **gpu.offload_facts(loaded)}
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     elif not "".join(pieces[-1:]).endswith("\n"):
         sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it
@@ -199,6 +200,7 @@ def _finish(generation: Generation, loaded: LoadedModel, pieces: list[str], *,
     if verbose:
         from localinfer.cache import prompt_cache
         console.note(format_stats(stats, loaded))
+        gpu.say_offload(loaded)
         if generation.cache.store is not None:
             console.note(prompt_cache.describe(generation.cache.last_event))
         if hasattr(stats, "drafted"):

@@ -35,6 +35,7 @@ class Resolved:
     n_ctx: int                # 0 keeps the backend's default
     kv_type: str
     notes: tuple[str, ...]
+    gpu_layers: int = -1      # layers on the GPU (LoadOptions.gpu_layers); -1: not placed, all
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,16 @@ class Fitting:
     budget: rules.Budget
     n_ctx: int
     kv_type: str | None
+    gpu_layers: int | None = None     # --gpu-layers; None: as many as the GPU holds
 
     def place(self, facts: memory.ModelFacts) -> rules.Placement:
         return rules.place(facts, self.machine, self.budget, n_ctx=_ctx(facts, self.n_ctx),
-                         kv_type=self.kv_type)
+                         kv_type=self.kv_type, gpu_layers=self.gpu_layers)
 
 
 def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_budget: str | None,
             offline: bool = False, notify: Notify = lambda _: None, progress: bool = False,
-            quantize_bar: QuantizeBar = nullcontext) -> Resolved:
+            quantize_bar: QuantizeBar = nullcontext, gpu_layers: int | None = None) -> Resolved:
     """Pick (pulling or quantizing if need be) what to load so that it fits; a LocalinferError
     naming the shortfall and what would make it fit when nothing does.
 
@@ -61,7 +63,7 @@ def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_b
     """
     if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
         raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type)
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers)
     _, cat, store = refs.context()
     if quant.lower() != "auto" and ":" not in model and not refs.looks_like_path(model):
         model = f"{model}:{quant}"
@@ -69,7 +71,7 @@ def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_b
     if ref.path is not None or ":" in model:
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
-            return Resolved(ref, n_ctx, kv_type or "f16", ())
+            return Resolved(ref, n_ctx, kv_type or "f16", (), _as_asked(gpu_layers))
         smaller = ("`localinfer quantize`" if ref.path else
                    f"`{ref.spec.name}` with --quant auto picks or makes one")
         return _fixed(ref, memory.facts_from_file(path), fitting, smaller)
@@ -95,8 +97,9 @@ def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,
     if not placement.fits:
         raise LocalinferError(rules.does_not_fit(
             ref.display if ref.path is None else str(ref.path), facts, fitting.machine,
-            fitting.budget, kv_type=fitting.kv_type, smaller_quant=smaller))
-    return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes)
+            fitting.budget, kv_type=fitting.kv_type, smaller_quant=smaller,
+            gpu_layers=fitting.gpu_layers))
+    return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes, placement.gpu_layers)
 
 
 def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
@@ -110,7 +113,8 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
                              repackable_bytes=int(base.repackable_bytes * variant.size / base.file_size))
             candidates.append(rules.Candidate(quant, scaled, False))
     choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
-                                n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type)
+                                n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type,
+                                gpu_layers=fitting.gpu_layers)
     if choice is not None:
         quant, placement = choice[0].quant, choice[1]
     else:
@@ -121,11 +125,22 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
     if quant != spec.default_quant:
         notes = (f"using {spec.name}:{quant}, the most precise variant that fits", *notes)
     return Resolved(refs.variant_ref(spec, quant, store), placement.n_ctx, placement.kv_type,
-                    notes)
+                    notes, placement.gpu_layers)
 
 
 def _ctx(facts: memory.ModelFacts, n_ctx: int) -> int:
     return context_length(n_ctx, facts.context_length)
+
+
+def _as_asked(gpu_layers: int | None) -> int:
+    return -1 if gpu_layers is None else gpu_layers
+
+
+def place_file(path: Path, *, n_ctx: int, kv_type: str | None = None,
+               gpu_layers: int | None = None) -> rules.Placement:
+    """Where a model file's layers go on this machine, for commands that load it as named."""
+    fitting = Fitting(*_machine_and_budget(None), n_ctx, kv_type, gpu_layers)
+    return fitting.place(memory.facts_from_file(path))
 
 
 def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
@@ -155,7 +170,7 @@ def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
             smallest = rules.Candidate(qtype, planned, False)
     raise LocalinferError(rules.does_not_fit(
         f"{name} (smallest: {smallest.quant})", smallest.facts, fitting.machine, fitting.budget,
-        kv_type=fitting.kv_type, smaller_quant=None))
+        kv_type=fitting.kv_type, smaller_quant=None, gpu_layers=fitting.gpu_layers))
 
 
 def _make(source: Path, name: str, qtype: str, *, quantize_bar: QuantizeBar, notify: Notify,

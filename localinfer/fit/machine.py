@@ -31,6 +31,7 @@ def detect() -> dict:
         "onnxruntime_providers": _onnx_providers(),
         "backends": _backend_facts(),
     }
+    facts.update(_gpu_facts())
     try:
         available = backends.available_backends()
         choice = backends.choose("auto", None, available, lambda name, arch: True,
@@ -83,6 +84,17 @@ def _onnx_providers() -> list[str] | None:
     except ImportError:
         return None
     return list(onnxruntime.get_available_providers())
+
+
+def _gpu_facts() -> dict:
+    """llama.cpp's devices as its registry reports them, the GPU drivers loaded here, and the
+    command that rebuilds the engine for a GPU it cannot use (None when there is none)."""
+    from localinfer.backends import llama_devices
+    from localinfer.fit import gpu
+    found = llama_devices.devices()
+    return {"devices": [d.as_dict() for d in found],
+            "gpu_hardware": [h.what for h in gpu.present(apple_silicon=is_apple_silicon())],
+            "gpu_hint": gpu.this_rebuild_hint(found)}
 
 
 def _backend_facts() -> dict:

@@ -26,8 +26,10 @@ class Machine:
     ram_total: int
     ram_available: int
     apple_silicon: bool = False
-    metal_working_set: int | None = None   # Metal's recommendedMaxWorkingSetSize
-    vram_free: int = 0                      # CUDA: free memory of the GPU used for offload
+    # A GPU that shares the CPU's memory (Metal, integrated GPUs): the most it may use, as the
+    # engine reports it (Metal's recommended working set); None: no such GPU in the engine.
+    metal_working_set: int | None = None
+    vram_free: int = 0                      # discrete GPUs: free memory the engine reports, summed
     repacks: bool = True                    # x86 with AVX2: llama.cpp repacks some weights
 
 
@@ -39,15 +41,18 @@ class Budget:
 
 
 def budget(machine: Machine, override: int | None = None) -> Budget:
-    """What a model may use: an explicit override, else what the machine offers minus headroom."""
-    if override is not None:
-        return Budget(override, 0, "--memory / LOCALINFER_MEMORY_BUDGET")
-    if machine.apple_silicon and machine.metal_working_set:
-        # Unified memory: Metal's working-set limit bounds everything the model allocates.
-        return Budget(min(machine.metal_working_set, machine.ram_available), 0,
-                      "Metal recommended working set")
-    ram = int(machine.ram_available * (1 - RAM_HEADROOM))
+    """What a model may use: an explicit override (of the RAM; a discrete GPU keeps its own),
+    else what the machine offers minus headroom."""
     vram = int(machine.vram_free * (1 - VRAM_HEADROOM))
+    if override is not None:
+        return Budget(override, vram, "--memory / LOCALINFER_MEMORY_BUDGET")
+    if machine.metal_working_set:
+        # Unified memory, counted once: the GPU's working-set limit bounds everything the model
+        # allocates, and the GPU's memory is the RAM, never added to it.
+        return Budget(min(machine.metal_working_set, machine.ram_available), 0,
+                      "Metal recommended working set" if machine.apple_silicon
+                      else "the integrated GPU's share of RAM")
+    ram = int(machine.ram_available * (1 - RAM_HEADROOM))
     return Budget(ram, vram, "available RAM minus headroom" + (" + free VRAM" if vram else ""))
 
 
@@ -56,20 +61,26 @@ class Placement:
     fits: bool
     n_ctx: int
     kv_type: str
-    gpu_layers: int               # layers offloaded to the GPU (0: CPU only)
+    gpu_layers: int               # layers on the GPU, the output layer counted (0: CPU only)
     needed: int                   # bytes on the CPU side
     notes: tuple[str, ...] = ()   # changes made to fit, for stderr
+    on_gpu: int = 0               # bytes on a discrete GPU (weights, KV cells, compute buffer)
+    layers: int = 0               # every layer llama.cpp places: n_layer + 1 (the output layer)
 
 
 def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx: int,
-          kv_type: str | None = None, logits_rows: int = 1) -> Placement:
-    """Fit one model: the requested context and KV type, else q8_0 KV, else a shorter context."""
+          kv_type: str | None = None, logits_rows: int = 1,
+          gpu_layers: int | None = None) -> Placement:
+    """Fit one model: the requested context and KV type, else q8_0 KV, else a shorter context.
+
+    `gpu_layers` (--gpu-layers) fixes how many layers go to the GPU; None: as many as it holds.
+    """
     kv_choices = (kv_type,) if kv_type else KV_FALLBACKS
     ctx = n_ctx
     while True:
         for kv in kv_choices:
             request = memory.Request(ctx, kv_type=kv, logits_rows=logits_rows, repack=machine.repacks)
-            placement = _split(facts, memory.estimate(facts, request), budget_, ctx, kv)
+            placement = _split(facts, request, machine, budget_, gpu_layers)
             if placement.fits:
                 return replace(placement, notes=_notes(n_ctx, ctx, kv_type, kv))
         if ctx // 2 < MIN_CTX:
@@ -77,18 +88,36 @@ def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx:
         ctx //= 2
 
 
-def _split(facts: memory.ModelFacts, est: memory.Estimate, budget_: Budget, ctx: int,
-           kv: str) -> Placement:
-    """Everything on the CPU when it fits; else as many layers as the GPU holds, the rest in RAM."""
-    if est.required <= budget_.ram:
-        return Placement(True, ctx, kv, 0, est.required)
-    if budget_.vram <= 0 or facts.n_layer == 0:
-        return Placement(False, ctx, kv, 0, est.required)
-    # Offloaded layers take their weights and KV cells to the GPU (and are not repacked on the CPU).
-    per_layer = (facts.file_size + est.kv_cache) / facts.n_layer
-    layers = min(facts.n_layer, int(budget_.vram // per_layer))
-    on_cpu = est.required - int(layers * per_layer)
-    return Placement(on_cpu <= budget_.ram, ctx, kv, layers, on_cpu)
+def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, budget_: Budget,
+           gpu_layers: int | None) -> Placement:
+    """Where the layers go. A GPU that shares the RAM takes them all: one pool holds the model. A
+    discrete GPU takes as many as its free memory holds (all when they fit, as llama.cpp would),
+    the rest stay in RAM. Without a GPU the engine can use, everything is on the CPU."""
+    est = memory.estimate(facts, request)
+    ctx, kv, total = request.n_ctx, request.kv_type, facts.n_layer + 1
+    unified = machine.metal_working_set is not None
+    if not unified and (budget_.vram <= 0 or facts.n_layer == 0):
+        return Placement(est.required <= budget_.ram, ctx, kv, 0, est.required, layers=total)
+    # An offloaded layer takes its weights and KV cells to the GPU (and is not repacked on the
+    # CPU); the layer-count rule is llama.cpp's, the output layer being the last of n_layer + 1.
+    per_layer = (facts.file_size + est.kv_cache) / total
+    compute = gpu_compute(facts, request)
+    if gpu_layers is not None:
+        layers = min(gpu_layers, total)
+    elif unified:
+        layers = total
+    else:
+        layers = max(0, min(total, int((budget_.vram - compute) // per_layer)))
+    on_gpu = int(layers * per_layer) + (compute if layers else 0)
+    on_cpu = est.required if unified else est.required - int(layers * per_layer)
+    return Placement(on_cpu <= budget_.ram, ctx, kv, layers, on_cpu, on_gpu=on_gpu, layers=total)
+
+
+def gpu_compute(facts: memory.ModelFacts, request: memory.Request) -> int:
+    """The compute buffer a GPU reserves once it holds layers: one micro-batch of activations and
+    every logits row a decode call may return. Unlike the CPU's, whose untouched pages cost
+    nothing, device memory is taken whole when it is reserved."""
+    return memory._activations(facts, request) + memory.N_OUTPUTS_MAX * facts.n_vocab * 4
 
 
 def _notes(asked_ctx: int, ctx: int, asked_kv: str | None, kv: str) -> tuple[str, ...]:
@@ -108,36 +137,44 @@ class Candidate:
 
 
 def choose_variant(candidates: list[Candidate], machine: Machine, budget_: Budget, *, n_ctx: int,
-                   kv_type: str | None = None) -> tuple[Candidate, Placement] | None:
+                   kv_type: str | None = None,
+                   gpu_layers: int | None = None) -> tuple[Candidate, Placement] | None:
     """The most precise variant that fits (on-disk ones win a tie in precision); None if none does."""
     from localinfer.quant.quantize import PRECISION_ORDER
     rank = {q: i for i, q in enumerate(PRECISION_ORDER)}
     ordered = sorted(candidates, key=lambda c: (rank.get(c.quant, 99), not c.on_disk))
     for candidate in ordered:
-        placement = place(candidate.facts, machine, budget_, n_ctx=n_ctx, kv_type=kv_type)
+        placement = place(candidate.facts, machine, budget_, n_ctx=n_ctx, kv_type=kv_type,
+                          gpu_layers=gpu_layers)
         if placement.fits:
             return candidate, placement
     return None
 
 
 def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_: Budget, *,
-                 kv_type: str | None, smaller_quant: str | None) -> str:
+                 kv_type: str | None, smaller_quant: str | None,
+                 gpu_layers: int | None = None) -> str:
     """The one line a user reads when nothing fits: needed, available, and what would make it fit.
 
     `facts` is the smallest variant that was tried. The need is the least `place` can ask for (the
     shortest context, the smallest KV type it may choose), so the budget named is enough; the
     q4_0 hint is given only when `place` confirms it. `smaller_quant` says how to get a smaller
-    variant, where one might exist.
+    variant, where one might exist. With a discrete GPU the need is what stays in RAM once the
+    GPU holds what it can.
     """
-    least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type)
+    least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type, gpu_layers=gpu_layers)
     hints = []
-    if kv_type != "q4_0" and place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type="q4_0").fits:
+    if kv_type != "q4_0" and place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type="q4_0",
+                                   gpu_layers=gpu_layers).fits:
         hints.append(f"--kv-type q4_0 --ctx {MIN_CTX}")
     if smaller_quant:
         hints.append(f"a smaller quant ({smaller_quant})")
     hints.append(f"a budget of {_size_arg(least.needed)} or more (--memory)")
-    return (f"{name} needs at least {human_size(least.needed)} (context {MIN_CTX}, {least.kv_type} "
-            f"KV cache) but {human_size(budget_.ram)} is available ({budget_.source}); "
+    split = f" in RAM with {least.gpu_layers} of {least.layers} layers on the GPU" \
+        if least.on_gpu and machine.metal_working_set is None else ""
+    return (f"{name} needs at least {human_size(least.needed)}{split} (context {MIN_CTX}, "
+            f"{least.kv_type} KV cache) but {human_size(budget_.ram)} is available "
+            f"({budget_.source}); "
             f"it would fit with {' or '.join(hints)}")
 
 
@@ -147,14 +184,14 @@ def _size_arg(n: int) -> str:
 
 
 def detect_machine() -> Machine:
-    """This machine, as `place` sees it (CPU memory; GPU offload is not in this build)."""
+    """This machine, as `place` sees it: RAM from the operating system, GPUs from the engine's
+    device registry (their free memory as the driver reports it now)."""
     import psutil
 
-    from localinfer.fit import machine
+    from localinfer.backends import llama_devices
+    from localinfer.fit import gpu, machine
     mem = psutil.virtual_memory()
     apple = machine.is_apple_silicon()
-    # Without Metal bindings we cannot ask for recommendedMaxWorkingSetSize; macOS sets it near
-    # two thirds of unified memory on machines up to 36 GB and three quarters above.
-    working_set = int(mem.total * (0.67 if mem.total <= 36 * 1024 ** 3 else 0.75)) if apple else None
+    vram, shared = gpu.memory_of(llama_devices.devices(), apple_silicon=apple)
     return Machine(ram_total=mem.total, ram_available=mem.available, apple_silicon=apple,
-                   metal_working_set=working_set, repacks=memory.cpu_repacks())
+                   metal_working_set=shared, vram_free=vram, repacks=memory.cpu_repacks())

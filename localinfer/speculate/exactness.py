@@ -93,8 +93,10 @@ def _key(session: Session, path: Path, backend: str) -> str:
     engine = getattr(session, "engine_version", "")
     threads = getattr(session, "n_threads", 0)
     kv = getattr(session, "kv_type", "")
+    # Layers on a GPU run its kernels, which batch differently: a probe per placement.
+    gpu_layers = getattr(getattr(session, "offload", None), "gpu_layers", 0)
     return (f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{backend}{engine}|t{threads}"
-            f"|kv{kv}|p{PROBE_VERSION}")
+            f"|kv{kv}|p{PROBE_VERSION}" + (f"|gpu{gpu_layers}" if gpu_layers else ""))
 
 
 def _read(cache_file: Path) -> dict:

@@ -1,0 +1,141 @@
+"""The devices llama.cpp computes on, as the engine itself reports them: ggml's backend registry.
+
+`read_registry` is the one place that asks the loaded engine (the hardware boundary); everything
+else takes its list, so tests hand in a described machine's devices instead. The CPU device's
+free memory is not a measurement (ggml reports total = free on Linux), so the RAM budget keeps
+coming from the operating system; a GPU's free memory is what its driver reports
+(cudaMemGetInfo for CUDA and ROCm, Metal's recommended working set less what is allocated).
+
+llama-cpp-python binds none of the registry functions, so they are bound here on the libggml
+beside the libllama the package loaded (as `llama_threads` does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import asdict, dataclass
+
+# enum ggml_backend_dev_type (ggml-backend.h), in order.
+KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str              # ggml's device name: CPU, CUDA0, MTL0, Vulkan0, ROCm0
+    description: str       # e.g. "NVIDIA GeForce RTX 4060 Laptop GPU"
+    kind: str              # cpu, gpu (own memory), igpu (shares the host's), accel, meta
+    backend: str           # the ggml backend that drives it: CPU, CUDA, ROCm, MTL, Vulkan, ...
+    memory_free: int
+    memory_total: int
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("gpu", "igpu")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Where llama.cpp put a loaded model's layers."""
+
+    gpu_layers: int                 # layers on the GPUs (the output layer counts as one)
+    layers: int                     # all of them: n_layer + 1
+    devices: tuple[str, ...]        # the GPUs that hold them, "CUDA0 (NVIDIA ...)"
+    no_gpu: bool = False            # the engine has no GPU to offload to
+
+    def as_dict(self) -> dict:
+        return {"gpu_layers": self.gpu_layers, "cpu_layers": self.layers - self.gpu_layers,
+                "layers": self.layers, "gpu_devices": list(self.devices),
+                "engine_has_gpu": not self.no_gpu}
+
+    def identity(self) -> dict:
+        """For a prompt-cache key: states computed by GPU kernels are kept apart from the CPU's
+        (and the key of a CPU-only session stays what it was before GPUs were placed)."""
+        return {"offload": [self.gpu_layers, *self.devices]} if self.gpu_layers else {}
+
+
+class _Registry:
+    def __init__(self) -> None:
+        from llama_cpp import _ctypes_extensions, llama_cpp
+        ggml = _ctypes_extensions.load_shared_library("ggml", llama_cpp._base_path)
+
+        def bind(name, restype, *argtypes):
+            return ctypes.CFUNCTYPE(restype, *argtypes)((name, ggml))
+        p, size = ctypes.c_void_p, ctypes.c_size_t
+        self.count = bind("ggml_backend_dev_count", size)
+        self.get = bind("ggml_backend_dev_get", p, size)
+        self.name = bind("ggml_backend_dev_name", ctypes.c_char_p, p)
+        self.description = bind("ggml_backend_dev_description", ctypes.c_char_p, p)
+        self.type = bind("ggml_backend_dev_type", ctypes.c_int, p)
+        self.memory = bind("ggml_backend_dev_memory", None, p, ctypes.POINTER(size),
+                           ctypes.POINTER(size))
+        self.reg = bind("ggml_backend_dev_backend_reg", p, p)
+        self.reg_name = bind("ggml_backend_reg_name", ctypes.c_char_p, p)
+
+
+@functools.lru_cache(maxsize=1)
+def _registry() -> _Registry:
+    return _Registry()
+
+
+def read_registry() -> list[Device]:
+    """Every device of the loaded engine with its free and total memory now (the hardware
+    boundary: the one function that asks ggml)."""
+    api = _registry()
+    found = []
+    for i in range(api.count()):
+        dev = api.get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        api.memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = api.type(dev)
+        reg = api.reg(dev)
+        found.append(Device(
+            name=_text(api.name(dev)), description=_text(api.description(dev)),
+            kind=KINDS[kind] if 0 <= kind < len(KINDS) else f"type {kind}",
+            backend=_text(api.reg_name(reg)) if reg else "", memory_free=free.value,
+            memory_total=total.value))
+    return found
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def devices() -> list[Device]:
+    """The engine's devices; empty when llama.cpp is not installed or offers no registry."""
+    try:
+        return read_registry()
+    except (ImportError, OSError, AttributeError):
+        return []
+
+
+def offload_targets(found: list[Device]) -> list[Device]:
+    """The devices llama.cpp's default selection offloads layers to (llama.cpp's
+    llama_model_load_from_file): every discrete GPU, else the integrated GPUs of one backend."""
+    gpus = [d for d in found if d.kind == "gpu" and d.backend != "RPC"]
+    if gpus:
+        return gpus
+    igpus = [d for d in found if d.kind == "igpu"]
+    return [d for d in igpus if d.backend == igpus[0].backend]
+
+
+def placed_layers(n_gpu_layers: int, n_layer: int, found: list[Device]) -> Offload:
+    """Where llama.cpp puts the layers for `n_gpu_layers` (llama_model_base::load_tensors): the
+    last n of n_layer + 1 (the output layer is the last), all for a negative n, none without a
+    GPU to put them on."""
+    targets = offload_targets(found)
+    total = n_layer + 1
+    wanted = total if n_gpu_layers < 0 else min(n_gpu_layers, total)
+    on_gpu = wanted if targets else 0
+    names = tuple(f"{d.name} ({d.description})" if d.description else d.name for d in targets)
+    return Offload(on_gpu, total, names if on_gpu else (), no_gpu=not targets)
+
+
+def model_offload(model, n_gpu_layers: int) -> Offload:
+    """Where llama.cpp put the layers of a model it loaded with `n_gpu_layers`."""
+    from llama_cpp import llama_cpp
+    n_layer = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model)
+    return placed_layers(n_gpu_layers, n_layer, devices())

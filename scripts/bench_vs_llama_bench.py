@@ -81,9 +81,9 @@ def installed_llama_cpp_version() -> str:
         ) from None
 
 
-def llama_bench_path(build_dir: Path) -> Path:
+def llama_bench_path(build_dir: Path, build_name: str = "build") -> Path:
     """Where the built llama-bench binary lives inside build_dir."""
-    return build_dir / "build" / "bin" / "llama-bench"
+    return build_dir / build_name / "bin" / "llama-bench"
 
 
 def run_logged(cmd: list[str], cwd: Path | None = None) -> None:
@@ -126,18 +126,23 @@ def extract_vendored_llama_cpp(sdist: Path, dest: Path) -> Path:
     return dest
 
 
-def cmake_build(source: Path, build: Path, jobs: int) -> None:
-    """Configure and build the llama-bench target."""
+def cmake_build(source: Path, build: Path, jobs: int, extra_options: tuple[str, ...] = ()) -> None:
+    """Configure and build the llama-bench target (extra_options: e.g. a GPU backend's)."""
     if shutil.which("cmake") is None:
         raise BenchError("cmake not found on PATH; it is needed to build llama-bench")
-    run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS])
+    run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *extra_options])
     run_logged(["cmake", "--build", str(build), "--config", "Release",
                 "--target", "llama-bench", "-j", str(jobs)])
 
 
-def ensure_llama_bench(build_dir: Path, version: str, jobs: int) -> Path:
-    """Return the cached llama-bench, downloading and building it if needed."""
-    binary = llama_bench_path(build_dir)
+def ensure_llama_bench(build_dir: Path, version: str, jobs: int,
+                       extra_options: tuple[str, ...] = (), build_name: str = "build") -> Path:
+    """Return the cached llama-bench, downloading and building it if needed.
+
+    A build with other cmake options (a GPU backend) goes to its own `build_name` beside the
+    CPU one, from the same extracted source.
+    """
+    binary = llama_bench_path(build_dir, build_name)
     if binary.exists():
         log(f"using cached {binary}")
         return binary
@@ -145,7 +150,7 @@ def ensure_llama_bench(build_dir: Path, version: str, jobs: int) -> Path:
     started = time.monotonic()
     sdist = download_sdist(version, build_dir / "sdist")
     source = extract_vendored_llama_cpp(sdist, build_dir / "src")
-    cmake_build(source, build_dir / "build", jobs)
+    cmake_build(source, build_dir / build_name, jobs, extra_options)
     if not binary.exists():
         raise BenchError(f"build finished but {binary} does not exist")
     log(f"built {binary} in {time.monotonic() - started:.0f} s")
@@ -261,7 +266,8 @@ def wheel_lib_env() -> dict:
 
 
 def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds: int,
-                env: dict | None = None) -> list[dict]:
+                env: dict | None = None, llama_bench_args: tuple[str, ...] = (),
+                localinfer_args: tuple[str, ...] = ()) -> list[dict]:
     """Run both benchmarks on one model, alternating for several rounds; one row per test.
 
     Alternating the two tools spreads the load of a shared, noisy machine over both sides. Two
@@ -272,9 +278,10 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
     theirs: dict[str, list[list[float]]] = {}
     ours: dict[str, list[list[float]]] = {}
     llama_bench_cmd = [str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
-                       "-t", str(threads), "-r", str(reps), "-o", "json"]
+                       "-t", str(threads), "-r", str(reps), "-o", "json", *llama_bench_args]
     localinfer_cmd = [sys.executable, "-m", "localinfer", "bench", str(model),
-                      "--threads", str(threads), "--repetitions", str(reps), "--json"]
+                      "--threads", str(threads), "--repetitions", str(reps), "--json",
+                      *localinfer_args]
 
     def run_theirs() -> None:
         data = run_json(llama_bench_cmd, f"llama-bench on {model.name}", env)

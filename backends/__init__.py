@@ -98,11 +98,17 @@ def _mlx() -> Backend:
     return mlx_backend.BACKEND
 
 
-# Registry in order of preference for `auto`; later backends (ONNX Runtime) add a line here.
-# MLX comes first but `auto` takes it only where its auto_blocker allows (Apple Silicon + Metal).
+def _onnx() -> Backend:
+    from localinfer.backends import onnx_backend
+    return onnx_backend.BACKEND
+
+
+# Registry in order of preference for `auto`. MLX comes first but `auto` takes it only where its
+# auto_blocker allows (Apple Silicon + Metal); ONNX Runtime only where an NPU runs the whole graph.
 _REGISTRY: dict[str, Callable[[], Backend]] = {
     "mlx": _mlx,
     "llama.cpp": _llama_cpp,
+    "onnx": _onnx,
 }
 
 BACKEND_CHOICES = ("auto", *_REGISTRY)

@@ -82,9 +82,9 @@ def test_same_seed_same_tokens_different_seed_differs():
 
 
 @pytest.mark.parametrize("params", [
-    SamplingParams(temperature=-1), SamplingParams(top_p=0), SamplingParams(top_p=1.5),
-    SamplingParams(min_p=1), SamplingParams(repeat_penalty=0), SamplingParams(top_k=-1),
+    {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": 1}, {"repeat_penalty": 0},
+    {"top_k": -1}, {"seed": -2}, {"temperature": float("nan")},
 ])
 def test_invalid_params_are_usage_errors(params):
-    with pytest.raises(UsageError):
-        make_sampler(params)
+    with pytest.raises(UsageError):      # refused as soon as the options become parameters
+        SamplingParams(**params)

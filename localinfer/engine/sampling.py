@@ -45,6 +45,9 @@ class SamplingParams:
         """The seed for numpy's generator: None (fresh entropy) for RANDOM_SEED, as llama.cpp's -1."""
         return None if self.seed == RANDOM_SEED else self.seed
 
+    def __post_init__(self) -> None:
+        self.validate()     # refused where the options are read, before any model is pulled or loaded
+
     def validate(self) -> None:
         if self.seed is not None and self.seed < RANDOM_SEED:
             raise UsageError("--seed must be -1 (random) or a number from 0 up")

@@ -30,7 +30,7 @@ from localinfer.backends.onnx_store import WeightIndex, WeightWriter, read_index
 from localinfer.errors import ModelLoadError
 from localinfer.models.gguf_header import Header
 
-EXPORTER_VERSION = 1          # bump when the weights or graphs change: old exports become stale
+EXPORTER_VERSION = 2          # bump when the weights or graphs change: old exports become stale
 MAX_GRAPH_BYTES = 64 << 20    # a graph file holds no weights: a few hundred kilobytes
 _ABANDONED_S = 24 * 3600
 
@@ -136,22 +136,55 @@ def _build(path: Path, header: Header, spec: Spec, folder: Path, key: str) -> No
 
 
 def write_weights(path: Path, header: Header, spec: Spec, writer: WeightWriter) -> None:
-    """Every tensor the graphs read, converted one at a time (peak memory: the largest one)."""
+    """Every tensor the graphs read, converted one at a time (peak memory: the largest one).
+
+    Matrices that read the same input (Q, K, V; gate, up) are stacked into one where their blocks
+    agree: one MatMulNBits and one offset term instead of three, fewer kernels per token."""
     alignment = int(header.metadata.get("general.alignment", 32))
     data_start = -(-header.header_size // alignment) * alignment
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = {t.name: t for t in header.tensors}
-    for name, shape in spec.tensors().items():
+    shapes = spec.tensors()
+
+    def read(name: str):
         t = tensors[name]
         data = raw[data_start + t.offset:data_start + t.offset + t.n_bytes]
         try:
-            if len(shape) == 1:
-                writer.add_vector(name, onnx_weights.vector(t.type_name, data, shape[0]))
-            else:
-                writer.add_matrix(name, _matrix(spec, name, t.type_name, data, shape))
+            if len(shapes[name]) == 1:
+                return onnx_weights.vector(t.type_name, data, shapes[name][0])
+            return _matrix(spec, name, t.type_name, data, shapes[name])
         except onnx_weights.UnreadableTensor as e:
             raise ModelLoadError(f"cannot export {path.name} to ONNX: tensor {name} holds {e}, "
                                  "which the exporter does not read; use --backend llama.cpp") from None
+
+    grouped = {n: names for names in stacks(spec) for n in names}
+    for name in shapes:
+        if name in grouped:
+            if name == grouped[name][0]:
+                _add_stack(writer, grouped[name], [read(n) for n in grouped[name]])
+        elif len(shapes[name]) == 1:
+            writer.add_vector(name, read(name))
+        else:
+            writer.add_matrix(name, read(name))
+
+
+def stacks(spec: Spec) -> list[list[str]]:
+    """Groups of matrices that read the same input, in the order their outputs are split."""
+    return [[f"blk.{i}.{w}.weight" for w in group] for i in range(spec.n_layer)
+            for group in (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))]
+
+
+def stack_name(names: list[str]) -> str:
+    return names[0].rsplit(".", 2)[0] + "." + "+".join(n.split(".")[-2] for n in names) + ".weight"
+
+
+def _add_stack(writer: WeightWriter, names: list[str], parts: list) -> None:
+    stacked = onnx_weights.stack_rows(parts)
+    if stacked is None:                 # blocks differ (Q4_K beside Q6_K): one matrix each
+        for name, m in zip(names, parts):
+            writer.add_matrix(name, m)
+        return
+    writer.add_matrix(stack_name(names), stacked, [(n, m.rows) for n, m in zip(names, parts)])
 
 
 def _matrix(spec: Spec, name: str, type_name: str, data: np.ndarray, shape) -> onnx_weights.Matrix:

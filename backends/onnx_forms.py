@@ -21,7 +21,7 @@ import numpy as np
 
 from localinfer.backends.onnx_arch import Spec
 from localinfer.backends.onnx_graph import (MAX_INDEX, MS, Graph, embed, feed_forward, head_norm,
-                                            linear, rms_norm)
+                                            linear, project, rms_norm)
 
 
 def dynamic(spec: Spec, weights, accuracy: int, metadata: dict[str, str]):
@@ -116,7 +116,7 @@ def _transformer(g: Graph, spec: Spec, accuracy: int, attention, *, fused: bool)
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         h = rms_norm(g, x, p + "attn_norm.weight", spec.eps, fused=fused)
-        q, k, v = (linear(g, h, p + f"attn_{w}.weight", accuracy) for w in "qkv")
+        q, k, v = project(g, h, [p + f"attn_{w}.weight" for w in "qkv"], accuracy)
         if spec.gemma:
             q = head_norm(g, q, p + "attn_q_norm.weight", spec.n_head, spec.head_dim, spec.eps,
                           fused=fused)

@@ -32,12 +32,17 @@ class Graph:
         return f"{base}_{self._n}"
 
     def op(self, op_type: str, inputs: list[str], *, outputs: list[str] | None = None,
-           n_out: int = 1, domain: str | None = None, **attrs) -> str:
+           domain: str | None = None, **attrs) -> str:
         """Add a node; returns its (first) output's name."""
+        return self.ops(op_type, inputs, outputs=outputs, domain=domain, **attrs)[0]
+
+    def ops(self, op_type: str, inputs: list[str], *, outputs: list[str] | None = None,
+            n_out: int = 1, domain: str | None = None, **attrs) -> list[str]:
+        """Add a node; returns the names of its outputs."""
         outs = outputs or [self._name(op_type) for _ in range(n_out)]
         self.nodes.append(self._helper.make_node(op_type, inputs, outs, name=self._name("n"),
                                                  domain=domain, **attrs))
-        return outs[0]
+        return outs
 
     def const(self, values, dtype=np.int64) -> str:
         """A small constant held inside the graph (shapes, axes, scalars)."""
@@ -92,6 +97,17 @@ def linear(g: Graph, x: str, name: str, accuracy: int) -> str:
     return y
 
 
+def project(g: Graph, x: str, names: list[str], accuracy: int) -> list[str]:
+    """x @ W^T for several GGUF matrices that read x: one stacked MatMulNBits and a Split where
+    the export stacked them (onnx_export.stacks), one each otherwise."""
+    stack = g.weights.stacked(names)
+    if stack is None:
+        return [linear(g, x, name, accuracy) for name in names]
+    sizes = [rows for _, rows in g.weights.matrix(stack).parts]
+    return g.ops("Split", [linear(g, x, stack, accuracy), g.const(sizes)], n_out=len(names),
+                 axis=-1)
+
+
 def embed(g: Graph, ids: str, name: str) -> str:
     """Rows `ids` ([1, S]) of the GGUF matrix `name`, dequantized in the graph with plain ops (so
     every provider runs it): the same blocks the head's MatMulNBits reads, no float table."""
@@ -136,8 +152,7 @@ def head_norm(g: Graph, x: str, weight: str, n_heads: int, head_dim: int, eps: f
 
 
 def feed_forward(g: Graph, x: str, prefix: str, gelu: bool, accuracy: int) -> str:
-    gate = linear(g, x, prefix + "ffn_gate.weight", accuracy)
-    up = linear(g, x, prefix + "ffn_up.weight", accuracy)
+    gate, up = project(g, x, [prefix + "ffn_gate.weight", prefix + "ffn_up.weight"], accuracy)
     if gelu:                       # ggml_gelu: the tanh approximation
         act = g.op("Gelu", [gate], approximate="tanh")
     else:                          # SiLU

@@ -33,6 +33,7 @@ class MatrixInfo:
     block: int
     offsets: bool                 # a "<name>.offsets" [blocks, rows] tensor exists
     exact: bool
+    parts: tuple = ()             # a stacked matrix: ((GGUF name, rows), ...) from the top
 
 
 class WeightWriter:
@@ -45,7 +46,7 @@ class WeightWriter:
         self.tensors: dict[str, list] = {}
         self.matrices: dict[str, dict] = {}
 
-    def add_matrix(self, name: str, m: Matrix) -> None:
+    def add_matrix(self, name: str, m: Matrix, parts: list[tuple[str, int]] = ()) -> None:
         if m.bits == 0:
             self._add(name + ".t", np.ascontiguousarray(m.dense.T))
         else:
@@ -54,7 +55,8 @@ class WeightWriter:
             if m.offsets is not None:
                 self._add(name + ".offsets", np.ascontiguousarray(m.offsets.T))
         self.matrices[name] = {"rows": m.rows, "cols": m.cols, "bits": m.bits, "block": m.block,
-                               "offsets": m.offsets is not None, "exact": m.exact}
+                               "offsets": m.offsets is not None, "exact": m.exact,
+                               "parts": [list(p) for p in parts]}
 
     def add_vector(self, name: str, values: np.ndarray) -> None:
         self._add(name, np.ascontiguousarray(values, dtype=np.float32))
@@ -87,10 +89,18 @@ class WeightIndex:
     def __init__(self, manifest: dict) -> None:
         self.manifest = manifest
         self.key: str = manifest["key"]
-        self._matrices = {n: MatrixInfo(**m) for n, m in manifest["matrices"].items()}
+        self._matrices = {n: MatrixInfo(**{**m, "parts": tuple(tuple(p) for p in m["parts"])})
+                          for n, m in manifest["matrices"].items()}
 
     def matrix(self, name: str) -> MatrixInfo:
         return self._matrices[name]
+
+    def stacked(self, names: list[str]) -> str | None:
+        """The stacked matrix holding exactly these GGUF matrices in this order, if one was made."""
+        for stack, m in self._matrices.items():
+            if [p[0] for p in m.parts] == names:
+                return stack
+        return None
 
     def vector(self, folder: Path, name: str) -> np.ndarray:
         """A float32 tensor read back from the weights file (the rope factors)."""
@@ -98,7 +108,9 @@ class WeightIndex:
         return np.fromfile(folder / WEIGHTS, np.float32, length // 4, offset=offset).reshape(shape)
 
     def inexact(self) -> list[str]:
-        return sorted(n for n, m in self._matrices.items() if not m.exact)
+        """The GGUF matrices re-quantized at 8 bits rather than carried over exactly."""
+        return sorted(part for n, m in self._matrices.items() if not m.exact
+                      for part in ([p[0] for p in m.parts] or [n]))
 
     def tensor_proto(self, name: str):
         """The initializer `name`, its data left in the weights file (external data)."""
@@ -141,13 +153,17 @@ def _valid(manifest, key: str, names: set[str], size: int, mtime_ns: int) -> boo
     tensors, matrices = manifest["tensors"], manifest["matrices"]
     if not all(_tensor_ok(t, size) for t in tensors.values()):
         return False
+    covered = {n for n in tensors if n in names}           # the vectors
     for name, m in matrices.items():
         MatrixInfo(**m)            # exactly the expected fields, or TypeError
-        parts = [".t"] if m["bits"] == 0 else [".codes", ".scales"] + [".offsets"] * m["offsets"]
-        if not all(name + p in tensors for p in parts):
+        stored = [".t"] if m["bits"] == 0 else [".codes", ".scales"] + [".offsets"] * m["offsets"]
+        if not all(name + p in tensors for p in stored):
             return False
-    vectors = {n for n in tensors if n in names}
-    return set(matrices) | vectors == names
+        parts = m["parts"]
+        if parts and sum(rows for _, rows in parts) != m["rows"]:
+            return False
+        covered |= {part for part, _ in parts} if parts else {name}
+    return covered == names
 
 
 def _tensor_ok(entry, size: int) -> bool:

@@ -86,6 +86,25 @@ def take_rows(m: Matrix, order: np.ndarray) -> Matrix:
                    dense=pick(m.dense))
 
 
+def stack_rows(parts: list[Matrix]) -> Matrix | None:
+    """The matrices one under another (one MatMulNBits for Q, K and V, or gate and up), or None
+    when their blocks differ. Exact: each output column still reads only its own row."""
+    first = parts[0]
+    if any((m.bits, m.block, m.cols) != (first.bits, first.block, first.cols) for m in parts):
+        return None
+    if first.bits == 0:
+        return Matrix(sum(m.rows for m in parts), first.cols, 0, 0,
+                      dense=np.concatenate([m.dense for m in parts]))
+    offsets = None
+    if any(m.offsets is not None for m in parts):
+        offsets = np.concatenate([m.offsets if m.offsets is not None else np.zeros_like(m.scales)
+                                  for m in parts])
+    return Matrix(sum(m.rows for m in parts), first.cols, first.bits, first.block,
+                  np.concatenate([m.codes for m in parts]),
+                  np.concatenate([m.scales for m in parts]), offsets,
+                  exact=all(m.exact for m in parts))
+
+
 def values(m: Matrix) -> np.ndarray:
     """W as float32, computed the way the graph does (for tests and the embedding's reference)."""
     if m.bits == 0:

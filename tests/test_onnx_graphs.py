@@ -20,6 +20,9 @@ CARRIED = dict(embd="Q8_0", q="Q4_1", k="Q4_0", v="Q5_0", o="Q5_1", gate="Q4_K",
                down="Q6_K")
 MODELS = {
     "llama": ("llama", CARRIED),
+    # Q, K, V and gate, up with the same blocks: stacked into one matrix each, offsets mixed.
+    "llama-stacked": ("llama", dict(embd="Q4_0", q="Q4_1", k="Q4_0", v="Q4_K", gate="Q4_0",
+                                    up="Q4_K", down="Q8_0")),
     "llama-4bit-embedding": ("llama", dict(embd="Q4_1", q="F16", k="Q4_K", o="Q8_0")),
     "gemma3": ("gemma3", dict(embd="Q4_K", q="Q5_0", k="Q5_0", v="Q8_0", o="Q4_K", gate="Q5_0",
                               up="Q5_0", down="Q6_K")),
@@ -54,6 +57,9 @@ def _assert_exact(got: np.ndarray, exact: np.ndarray) -> None:
 
 def test_dynamic_graph_is_exact(tiny):
     path, spec, folder, index, exact = tiny
+    if "stacked" in path.name:
+        assert index.stacked([f"blk.0.attn_{w}.weight" for w in "qkv"])
+        assert index.stacked(["blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"])
     tables = onnx_runner.rope_tables(spec, SLOTS, None)
     runner = onnx_runner.DynamicRunner(_session(folder, index, spec, onnx_export.Form("dynamic", 0)),
                                        spec, SLOTS, tables)

@@ -17,7 +17,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
-from localinfer.backends.llama_devices import model_offload
+from localinfer.backends.llama_devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.models.gguf_checks import check_model
@@ -185,6 +185,7 @@ class LlamaCppSession(GGUFVocabulary):
         mparams = lib.llama_model_default_params()
         # The fit's placement (or --gpu-layers); llama.cpp's own default puts every layer on the GPU.
         mparams.n_gpu_layers = max(-1, min(options.gpu_layers, 2 ** 31 - 1))
+        mparams.use_extra_bufts = uses_weight_buffers()
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             reason = log.last_error() or "llama.cpp could not load it"
@@ -326,10 +327,11 @@ class LlamaCppSession(GGUFVocabulary):
         return ctypes.string_at(buf, written)
 
     def state_identity(self) -> dict[str, object]:
-        """Everything that shapes the KV state: a saved state is restored only into an equal one."""
+        """Everything that shapes the KV state: a saved state is restored only into an equal one
+        (not n_ctx: a state restores exactly into any context with room for its cells)."""
         st = self._path.stat()
         return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
-                "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
+                "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
                 "kv_types": list(kv_cache_types(self._options.kv_type)), "swa_full": True,
                 **self.offload.identity()}

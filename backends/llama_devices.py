@@ -74,6 +74,9 @@ class _Registry:
                            ctypes.POINTER(size))
         self.reg = bind("ggml_backend_dev_backend_reg", p, p)
         self.reg_name = bind("ggml_backend_reg_name", ctypes.c_char_p, p)
+        self.reg_proc = bind("ggml_backend_reg_get_proc_address", p, p, ctypes.c_char_p)
+        self.by_type = bind("ggml_backend_dev_by_type", p, ctypes.c_int)
+        self.buft_name = bind("ggml_backend_buft_name", ctypes.c_char_p, p)
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,6 +135,35 @@ def placed_layers(n_gpu_layers: int, n_layer: int, found: list[Device]) -> Offlo
     on_gpu = wanted if targets else 0
     names = tuple(f"{d.name} ({d.description})" if d.description else d.name for d in targets)
     return Offload(on_gpu, total, names if on_gpu else (), no_gpu=not targets)
+
+
+def cpu_weight_buffers() -> tuple[str, ...]:
+    """The CPU backend's extra weight buffer types, in the order llama.cpp tries them ("AMX",
+    "CPU_REPACK", ...): the ones it repacks weights into for its faster kernels on this CPU."""
+    try:
+        api = _registry()
+        cpu = api.by_type(0)                                   # GGML_BACKEND_DEVICE_TYPE_CPU
+        address = api.reg_proc(api.reg(cpu), b"ggml_backend_dev_get_extra_bufts") if cpu else None
+    except (ImportError, OSError, AttributeError):
+        return ()
+    if not address:
+        return ()
+    listed = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(cpu)
+    names = []
+    while listed and listed[len(names)]:                      # a NULL-terminated array
+        names.append(_text(api.buft_name(listed[len(names)])))
+    return tuple(names)
+
+
+def uses_weight_buffers() -> bool:
+    """Whether models load into the CPU's extra weight buffers (llama.cpp's use_extra_bufts).
+
+    Not where the engine offers AMX: the AMX matrix kernels of this llama.cpp (0.3.36's vendored
+    copy) crash with SIGSEGV on the first batch of more than one token, every model and type we
+    ship (measured on a Xeon with AMX under a Linux 6.18 VM). Without extra buffers the plain
+    AVX-512 kernels run instead; llama.cpp's own tools need `--no-repack` on such a CPU too.
+    """
+    return "AMX" not in cpu_weight_buffers()
 
 
 def model_offload(model, n_gpu_layers: int) -> Offload:

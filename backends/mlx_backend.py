@@ -173,10 +173,11 @@ class MlxSession:
         return True
 
     def state_identity(self) -> dict[str, object]:
-        """Everything that shapes the KV state: a saved state is restored only into an equal one."""
+        """Everything that shapes the KV state: a saved state is restored only into an equal one
+        (not the context's size: the cache grows as it fills, whatever n_ctx bounds it to)."""
         st = self._path.stat()
         return {"backend": "mlx", "engine": _versions(), "model": str(self._path.resolve()),
-                "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
+                "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "dtype": str(self.dtype), "weights": self.conversion,
                 "device": str(_mx().default_device()), "kv": "full"}
 

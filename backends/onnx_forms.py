@@ -20,8 +20,8 @@ import math
 import numpy as np
 
 from localinfer.backends.onnx_arch import Spec
-from localinfer.backends.onnx_graph import (MAX_INDEX, MS, Graph, embed, feed_forward, head_norm,
-                                            linear, project, rms_norm)
+from localinfer.backends.onnx_graph import (MAX_INDEX, MS, Graph, add_norm, embed, feed_forward,
+                                            head_norm, linear, project, rms_norm)
 
 
 def dynamic(spec: Spec, weights, accuracy: int, metadata: dict[str, str]):
@@ -109,29 +109,31 @@ def kv_outputs(spec: Spec, prefix: str) -> list[str]:
 
 # -- shared ----------------------------------------------------------------------------------------
 def _transformer(g: Graph, spec: Spec, accuracy: int, attention, *, fused: bool) -> str:
-    """Embedding and every layer, up to the final norm; returns the hidden states [1, S, n_embd]."""
+    """Embedding and every layer, up to the final norm; returns the hidden states [1, S, n_embd].
+
+    Each residual add is folded into the norm after it (add_norm), so the running sum `x` is
+    carried with the branch output `delta` still to be added."""
     x = embed(g, "input_ids", "token_embd.weight")
     if spec.gemma:                       # llama.cpp: inpL * sqrtf(n_embd)
         x = g.op("Mul", [x, g.const(math.sqrt(spec.n_embd), np.float32)])
+    delta = None
     for i in range(spec.n_layer):
         p = f"blk.{i}."
-        h = rms_norm(g, x, p + "attn_norm.weight", spec.eps, fused=fused)
+        h, x = add_norm(g, x, delta, p + "attn_norm.weight", spec.eps, fused=fused)
         q, k, v = project(g, h, [p + f"attn_{w}.weight" for w in "qkv"], accuracy)
         if spec.gemma:
             q = head_norm(g, q, p + "attn_q_norm.weight", spec.n_head, spec.head_dim, spec.eps,
                           fused=fused)
             k = head_norm(g, k, p + "attn_k_norm.weight", spec.n_kv, spec.head_dim, spec.eps,
                           fused=fused)
-        out = linear(g, attention(i, q, k, v), p + "attn_output.weight", accuracy)
+        delta = linear(g, attention(i, q, k, v), p + "attn_output.weight", accuracy)
         if spec.gemma:
-            out = rms_norm(g, out, p + "post_attention_norm.weight", spec.eps, fused=fused)
-        x = g.op("Add", [x, out])
-        h = rms_norm(g, x, p + "ffn_norm.weight", spec.eps, fused=fused)
-        out = feed_forward(g, h, p, spec.gemma, accuracy)
+            delta = rms_norm(g, delta, p + "post_attention_norm.weight", spec.eps, fused=fused)
+        h, x = add_norm(g, x, delta, p + "ffn_norm.weight", spec.eps, fused=fused)
+        delta = feed_forward(g, h, p, spec.gemma, accuracy)
         if spec.gemma:
-            out = rms_norm(g, out, p + "post_ffw_norm.weight", spec.eps, fused=fused)
-        x = g.op("Add", [x, out])
-    return rms_norm(g, x, "output_norm.weight", spec.eps, fused=fused)
+            delta = rms_norm(g, delta, p + "post_ffw_norm.weight", spec.eps, fused=fused)
+    return add_norm(g, x, delta, "output_norm.weight", spec.eps, fused=fused)[0]
 
 
 def _head(g: Graph, spec: Spec, x: str, accuracy: int, rows) -> None:

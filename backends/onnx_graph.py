@@ -51,6 +51,13 @@ class Graph:
         self.initializers[name] = numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
         return name
 
+    def shared(self, name: str, values: np.ndarray) -> str:
+        """A constant held inside the graph once, however many nodes use it."""
+        from onnx import numpy_helper
+        if name not in self.initializers:
+            self.initializers[name] = numpy_helper.from_array(values, name)
+        return name
+
     def weight(self, name: str) -> str:
         """An initializer stored in the weights file."""
         if name not in self.initializers:
@@ -90,11 +97,18 @@ def linear(g: Graph, x: str, name: str, accuracy: int) -> str:
              K=m.cols, N=m.rows, bits=m.bits, block_size=m.block, accuracy_level=accuracy)
     if m.offsets:
         # w = scale * (code - zero) + offset per block: the offsets' share of x @ W^T is each
-        # block's sum of x times its offset, a MatMul 1/block the size of the dense one.
-        blocks = g.op("Reshape", [x, g.const([0, 0, m.cols // m.block, m.block])])
-        sums = g.op("ReduceSum", [blocks, g.const([-1])], keepdims=0)
+        # block's sum of x times its offset, a MatMul 1/block the size of the dense one. The sums
+        # are one MatMul with a 0/1 matrix (one kernel, where Reshape + ReduceSum were two: half
+        # the nodes of a decode step are offset terms on Q4_1 models, and each costs ~10 us).
+        sums = g.op("MatMul", [x, _block_ones(g, m.cols, m.block)])
         y = g.op("Add", [y, g.op("MatMul", [sums, g.weight(name + ".offsets")])])
     return y
+
+
+def _block_ones(g: Graph, cols: int, block: int) -> str:
+    """[cols, cols / block]: column b is 1 on the rows of block b."""
+    ones = np.kron(np.eye(cols // block, dtype=np.float32), np.ones((block, 1), np.float32))
+    return g.shared(f"block_ones_{cols}_{block}", ones)
 
 
 def project(g: Graph, x: str, names: list[str], accuracy: int) -> list[str]:
@@ -141,6 +155,21 @@ def rms_norm(g: Graph, x: str, weight: str, eps: float, *, fused: bool) -> str:
     mean = g.op("ReduceMean", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
     inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)])])])
     return g.op("Mul", [g.op("Mul", [x, inv]), w])
+
+
+def add_norm(g: Graph, x: str, delta: str | None, weight: str, eps: float, *,
+             fused: bool) -> tuple[str, str]:
+    """(rms_norm(x + delta), x + delta): the residual add and the next norm, one kernel where the
+    provider has ORT's fused op. delta None: no residual to add (the first layer)."""
+    if delta is None:
+        return rms_norm(g, x, weight, eps, fused=fused), x
+    if fused:
+        outs = [g._name("norm"), "", "", g._name("residual")]
+        g.ops("SkipSimplifiedLayerNormalization", [x, delta, g.weight(weight)], outputs=outs,
+              domain=MS, epsilon=eps)
+        return outs[0], outs[3]
+    x = g.op("Add", [x, delta])
+    return rms_norm(g, x, weight, eps, fused=False), x
 
 
 def head_norm(g: Graph, x: str, weight: str, n_heads: int, head_dim: int, eps: float, *,

@@ -55,7 +55,13 @@ def session_options(threads: int, extra: dict[str, str] | None = None):
 
 def _kv_buffers(spec: Spec, capacity: int) -> list[np.ndarray]:
     shape = (1, spec.n_kv, capacity, spec.head_dim)
-    return [np.zeros(shape, np.float32) for _ in range(2 * spec.n_layer)]
+    try:
+        return [np.zeros(shape, np.float32) for _ in range(2 * spec.n_layer)]
+    except MemoryError:
+        from localinfer.errors import ModelLoadError
+        need = 2 * spec.n_layer * spec.n_kv * capacity * spec.head_dim * 4
+        raise ModelLoadError(f"a float32 KV cache of {capacity} tokens needs {need / 2**30:.1f} "
+                             "GiB, more than this machine can give; lower --ctx") from None
 
 
 class DynamicRunner:

@@ -13,7 +13,7 @@ Q4_K, Q5_K) the graph adds each block's input sum times the block's offset (see 
 exact, and MatMulNBits stays on its fast path (float zero points take one 30-60x slower). 4-bit
 sources keep 4-bit codes; 5- and 6-bit ones get 8-bit codes (ORT has 2, 4 and 8 bits only).
 Other formats (Q2_K, Q3_K, the IQ types) are dequantized with `gguf` and quantized at 8 bits per
-32 weights, more precision than they hold, and marked inexact. F32/F16/BF16 stay dense float32.
+32 weights, more precision than they hold, and marked inexact. F32/F16/BF16/F64: dense float32.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROW_SLICE = 4096              # rows converted at a time: bounds the float32 tem
 # GGUF type -> (source bits, sub-block, target bits); scale and bias come from _HEADERS.
 CARRIED = {"Q4_0": (4, 32, 4), "Q4_1": (4, 32, 4), "Q5_0": (5, 32, 8), "Q5_1": (5, 32, 8),
            "Q8_0": (8, 32, 8), "Q4_K": (4, 32, 4), "Q5_K": (5, 32, 8), "Q6_K": (6, 16, 8)}
-DENSE = ("F32", "F16", "BF16")
+DENSE = ("F32", "F16", "BF16", "F64")
 FALLBACK_BITS, FALLBACK_BLOCK = 8, 32
 
 
@@ -75,6 +75,8 @@ def vector(type_name: str, raw: np.ndarray, n: int) -> np.ndarray:
         return data.view(np.float16)[:n].astype(np.float32)
     if type_name == "BF16":
         return (data.view(np.uint16)[:n].astype(np.uint32) << 16).view(np.float32)
+    if type_name == "F64":
+        return data.view(np.float64)[:n].astype(np.float32)
     return _dequantize(type_name, data.reshape(1, -1)).reshape(-1)[:n]
 
 

@@ -1,8 +1,10 @@
-"""The memory estimate against the measured peak resident memory of real `localinfer run`s, and
-its parts on a described model."""
+"""The memory estimate against the measured peak resident memory of real `localinfer run`s (later
+runs, first runs that probe speculation's exactness, long prompts), and its parts on a described
+model."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from localinfer.fit import memory
+from localinfer.measure import quality
 from localinfer.quant import quantize
 
 TYPES = ("Q8_0", "Q4_K_M", "Q4_0")
@@ -35,17 +38,23 @@ def variants(smollm_path: Path, gemma_path: Path, tmp_path_factory) -> dict[tupl
 # small launcher process starts the run and reports the run's own peak.
 _LAUNCHER = """
 import os, subprocess, sys
-proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+stdin = open(os.environ.get("PEAK_STDIN", os.devnull), "rb")
+proc = subprocess.Popen(sys.argv[1:], stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 _, status, usage = os.wait4(proc.pid, 0)
 print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
 """
 
 
-def peak_rss_of_run(model: Path, ctx: int) -> int:
-    """Peak resident bytes of one `localinfer run` process."""
+def peak_rss_of_run(model: Path, ctx: int, *args: str, home: Path | None = None,
+                    stdin: Path | None = None) -> int:
+    """Peak resident bytes of one `localinfer run` process (by default a short prompt without
+    drafting; `args` replace that, `home` is its LOCALINFER_HOME, `stdin` a file piped in)."""
+    args = args or ("Once upon a time", "-n", "8", "--temp", "0", "--raw", "--draft", "none")
+    env = {**os.environ, **({"LOCALINFER_HOME": str(home)} if home else {}),
+           **({"PEAK_STDIN": str(stdin)} if stdin else {})}
     out = subprocess.run([sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "localinfer", "run",
-                          str(model), "Once upon a time", "-n", "8", "--temp", "0", "--raw",
-                          "--draft", "none", "--ctx", str(ctx)], capture_output=True, text=True, check=True).stdout
+                          str(model), *args, "--ctx", str(ctx)], capture_output=True, text=True,
+                         check=True, env=env).stdout
     code, peak = map(int, out.split())
     assert code == 0
     return peak
@@ -72,6 +81,29 @@ def test_estimate_within_ten_percent_of_peak_rss(variants, peaks, label: str, qt
         assert abs(estimated / measured - 1) <= 0.10, (label, qtype, ctx, estimated, measured)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["smollm", "gemma"])
+def test_estimate_holds_on_first_runs_and_long_prompts(smollm_path, gemma_path, tmp_path,
+                                                       label: str):
+    """A model's first run probes speculation's exactness (a 320-token prefill, batches of up to
+    8 rows of logits) and a long prompt fills whole micro-batches: the estimate covers both."""
+    model = smollm_path if label == "smollm" else gemma_path
+    facts = memory.facts_from_file(model)
+    doc = tmp_path / "doc.txt"
+    doc.write_text(quality.default_text()[:4000], encoding="utf-8")   # ~1,000 tokens
+    for ctx in CONTEXTS:
+        estimated = memory.estimate(facts, memory.Request(ctx, repack=memory.cpu_repacks())).total
+        home = tmp_path / f"home{ctx}"      # no probe result yet: this is the model's first run
+        first = peak_rss_of_run(model, ctx, "Once upon a time", "-n", "8", "--temp", "0", "--raw",
+                                home=home)
+        assert (home / "cache" / "exact_batch.json").is_file()        # the probe did run
+        assert abs(estimated / first - 1) <= 0.10, (label, ctx, "first", estimated, first)
+        if ctx > 1024:
+            long = peak_rss_of_run(model, ctx, "-", "-n", "8", "--temp", "0", "--raw", "--draft",
+                                   "none", "--no-cache", home=home, stdin=doc)
+            assert abs(estimated / long - 1) <= 0.10, (label, ctx, "long", estimated, long)
+
+
 GEMMA_LIKE = memory.ModelFacts(
     architecture="gemma3", file_size=250_000_000, n_layer=18, n_embd=640, n_ff=2048,
     n_vocab=262_144, kv_dims=(1 * (256 + 256),) * 18,
@@ -90,7 +122,7 @@ def test_kv_cache_per_layer_and_window(request_, kv_bytes):
 
 
 def test_logits_grow_with_vocabulary_and_rows():
-    one = memory.estimate(GEMMA_LIKE, memory.Request(512))
+    one = memory.estimate(GEMMA_LIKE, memory.Request(512, logits_rows=1))
     many = memory.estimate(GEMMA_LIKE, memory.Request(512, logits_rows=64))
     assert many.compute - one.compute == 2 * 63 * 262_144 * 4
 
@@ -99,3 +131,8 @@ def test_facts_of_gemma(gemma_path: Path):
     facts = memory.facts_from_file(gemma_path)
     assert facts.n_layer == 18 and facts.n_vocab == 262_144 and facts.sliding_window == 512
     assert sum(facts.swa_layers) == 15
+
+
+def test_run_logits_rows_cover_speculation():
+    from localinfer.speculate import exactness
+    assert memory.RUN_LOGITS_ROWS == exactness.MAX_PROBED

@@ -91,6 +91,23 @@ def test_exact_against_a_float64_forward_512_tokens(request, name):
     _check_exact(request, name, 512)
 
 
+def test_the_static_form_is_exact_too(smollm_path):
+    """The NPU form (fixed shapes, plain ops, host-owned cache) through the same Session, here on
+    the CPU provider: a padded prefill call, single steps, a trim and a continuation."""
+    session = OnnxSession(smollm_path, LoadOptions(n_ctx=128),
+                          OnnxOptions(accuracy=0, form="static", prefill_tokens=32))
+    assert session.form.startswith("static-a0-t32-c128")
+    tokens = _text_tokens(session, 44)
+    rows = [session.eval(tokens[:40], logits="all").copy()]
+    rows += [session.eval([t], logits="all").copy() for t in tokens[40:42]]
+    session.eval([5, 6, 7])                                 # a wrong branch, trimmed away
+    assert session.trim(42)
+    rows.append(session.eval(tokens[42:], logits="all"))
+    session.close()
+    ours, exact = np.concatenate(rows), Float64Model(smollm_path).logits(tokens)
+    assert (ours.argmax(-1) == exact.argmax(-1)).all() and kl(exact, ours).mean() < 1e-8
+
+
 # -- the fast mode, as `--backend onnx` runs ------------------------------------------------------------
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
 def pair(request):

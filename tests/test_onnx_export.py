@@ -63,6 +63,17 @@ def test_features_the_exporter_lacks_are_named(smollm_path, tmp_path):
         _spec(path)
 
 
+def test_a_block_format_nothing_reads_is_one_clear_line(tmp_path):
+    path = write_tiny(tmp_path / "q81.gguf", "llama", dict(up="Q8_1"))
+    header = read_header(path)
+    with pytest.raises(ModelLoadError) as refused:
+        onnx_export.ensure_weights(path, header, onnx_arch.read_spec(path, header), tmp_path / "x")
+    assert str(refused.value) == ("cannot export q81.gguf to ONNX: tensor blk.0.ffn_up.weight "
+                                  "holds Q8_1 weights, which the exporter does not read; use "
+                                  "--backend llama.cpp")
+    assert not any((tmp_path / "x").iterdir())               # nothing half-written left
+
+
 # -- the cache (on a tiny model: the same code, exported in a fraction of a second) ------------------
 @pytest.fixture
 def model_copy(tmp_path) -> Path:

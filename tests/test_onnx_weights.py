@@ -26,7 +26,7 @@ def random_tensor(type_name: str, rows: int, cols: int, seed: int = 0,
     rng = np.random.default_rng(seed)
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
-    for at in _F16_FIELDS[type_name]:
+    for at in _F16_FIELDS.get(type_name, []):
         d = (rng.random(len(blocks)) * scale + scale / 20).astype(np.float16)
         blocks[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
@@ -68,6 +68,8 @@ def test_dense_formats_stay_dense():
         m = onnx_weights.matrix(type_name, raw.view(np.uint8), 8, 64)
         assert m.bits == 0 and m.exact
         np.testing.assert_array_equal(m.dense, raw.astype(np.float32))
+    f64 = onnx_weights.matrix("F64", values.astype(np.float64).view(np.uint8), 8, 64)
+    np.testing.assert_array_equal(f64.dense, values)
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     got = onnx_weights.vector("BF16", bf16.view(np.uint8), values.size)
     np.testing.assert_array_equal(got, (bf16.astype(np.uint32) << 16).view(np.float32).reshape(-1))

@@ -113,6 +113,52 @@ def test_state_round_trip_restores_the_same_logits(session):
     assert session.trim(100) == (session.sliding_window == 0)
 
 
+@pytest.mark.parametrize("other_ctx", [4096, 1536])
+def test_a_state_restores_into_a_context_of_another_size(session, smollm_path, gemma_path,
+                                                          other_ctx, tmp_path):
+    """`--ctx 0` sizes each run's context to its prompt, so the prompt cache's key leaves the
+    context size out: a state saved with one n_ctx must continue exactly in another."""
+    from localinfer.backends.llama_cpp import LlamaCppSession
+    path = smollm_path if session.sliding_window == 0 else gemma_path
+    other = LlamaCppSession(path, LoadOptions(n_ctx=other_ctx))
+    try:
+        assert other.n_ctx != session.n_ctx
+        assert _store(other, tmp_path).dir == _store(session, tmp_path).dir
+        a, b = _prompts(session)
+        store = _store(session, tmp_path)
+        cold_here, _ = _generate(session, store, a)
+        cold_there, _ = _generate(other, None, a)
+        assert cold_there == cold_here          # the context's size changes no computed bit
+        warm_there, cache = _generate(other, store, a)
+        assert cache.last_event.hit
+        assert cache.last_event.restored == restore_limit(len(a), session.sliding_window)
+        assert warm_there == cold_here
+        assert _warm_equals_cold(other, store, b) > 0
+    finally:
+        other.close()
+
+
+def test_an_entry_longer_than_the_context_is_passed_over_and_kept(session, smollm_path,
+                                                                 gemma_path, tmp_path):
+    from localinfer.backends.llama_cpp import LlamaCppSession
+    a, _ = _prompts(session)
+    store = _store(session, tmp_path)
+    _generate(session, store, a)
+    entries = {p: p.stat().st_size for p in store.dir.glob("*.kv")}
+    small = LlamaCppSession(smollm_path if session.sliding_window == 0 else gemma_path,
+                            LoadOptions(n_ctx=1024))
+    try:
+        prompt = a[:900]
+        cold, _ = _generate(small, None, prompt)
+        warm, cache = _generate(small, store, prompt)
+        assert warm == cold
+        assert "rejected" not in cache.last_event.note
+    finally:
+        small.close()
+    # The entries of the whole prompt (longer than 1024 tokens) are still there.
+    assert all(p.exists() for p in entries)
+
+
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     """KL(p || q) in nats between the softmax distributions of two logit rows."""
     p, q = (np.exp(x - x.max()) for x in (p_logits.astype(np.float64), q_logits.astype(np.float64)))

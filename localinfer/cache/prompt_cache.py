@@ -42,13 +42,18 @@ class PromptCache:
         self.dir = root / hashlib.sha256(self.key.encode()).hexdigest()[:16]
 
     def longest_prefix(self, tokens: Sequence[int], *, limit: int | None = None,
-                       rigid_over: int | None = None) -> tuple[EntryHead, int] | None:
+                       rigid_over: int | None = None,
+                       longest: int | None = None) -> tuple[EntryHead, int] | None:
         """The entry sharing the longest token prefix with `tokens`, and the length shared, counted
         up to `limit`. An entry longer than `rigid_over` tokens cannot be trimmed back once
         restored: it counts only when it is wholly a prefix of `tokens` and no longer than `limit`.
+        An entry of more than `longest` tokens (the session's context) is passed over, and kept:
+        the key leaves the context size out, so a run with a larger context may use it.
         """
         best: tuple[EntryHead, int] | None = None
         for head in self._heads():
+            if longest is not None and len(head.tokens) > longest:
+                continue
             shared = common_prefix(head.tokens, tokens)
             if rigid_over is not None and len(head.tokens) > rigid_over and (
                     shared < len(head.tokens) or (limit is not None and shared > limit)):

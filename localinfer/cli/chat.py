@@ -1,12 +1,17 @@
 """Interactive multi-turn chat: line editing and history from readline, replies streamed.
 
 The whole conversation is re-rendered through the chat template each turn; the KV cache keeps the
-common prefix, so only the new message and the template tokens around it are evaluated.
+common prefix, so only the new message and the template tokens around it are evaluated. When the
+conversation outgrows the context, the context grows first (the model is loaded again with a
+larger one, and the prompt cache restores the conversation so far); only when it cannot grow do
+the oldest turns go.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 from localinfer import settings
 from localinfer.cache import prompt_cache
@@ -15,20 +20,45 @@ from localinfer.engine import chat_window
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel
-from localinfer.engine.prompt import chat_tokens, raw_tokens
+from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, reply_room
 from localinfer.engine.sampling import Sampler
 from localinfer.errors import ContextOverflow
 
 HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the system message)"
+# The model loaded again with a context for this many tokens, or None when it cannot grow.
+Grow = Callable[[LoadedModel, int], "LoadedModel | None"]
+
+
+@dataclass
+class _Chat:
+    """The model and KV cache a conversation runs on; both change when the context grows."""
+
+    loaded: LoadedModel
+    cache: KVCache
+    use_cache: bool
+    grow: Grow | None
+
+    def grow_to(self, need: int) -> None:
+        before = self.loaded.session.n_ctx
+        grown = self.grow(self.loaded, need) if self.grow else None
+        if grown is None:
+            return
+        self.loaded = grown
+        self.cache = KVCache(grown.session, prompt_cache.open_for(grown.session,
+                                                                  enabled=self.use_cache))
+        console.note(f"the conversation outgrew the context: grown from {before:,} to "
+                     f"{grown.session.n_ctx:,} tokens")
 
 
 def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: Limits,
-         verbose: bool = False, use_cache: bool = True) -> None:
+         verbose: bool = False, use_cache: bool = True, grow: Grow | None = None) -> None:
+    """The chat loop; `grow` (None: the context is fixed) reloads the model with a larger one."""
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
     history_file = _setup_readline()
-    cache = KVCache(session, prompt_cache.open_for(session, enabled=use_cache))
+    chat = _Chat(loaded, KVCache(session, prompt_cache.open_for(session, enabled=use_cache)),
+                 use_cache, grow)
     messages: list[dict[str, str]] = []
     console.note(f"{loaded.ref.display} ready · {HELP}")
     if verbose:
@@ -49,7 +79,7 @@ def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: L
             break
         if command == "/clear":
             messages.clear()
-            cache.clear()
+            chat.cache.clear()
             console.note("conversation cleared")
             continue
         if command == "/system":
@@ -65,8 +95,8 @@ def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: L
             continue
         messages.append({"role": "user", "content": line})
         try:
-            tokens = _fitted_tokens(session, system, messages, limits)
-            reply = _reply(cache, tokens, sampler, limits, loaded, verbose)
+            tokens = _fitted_tokens(chat, system, messages, limits)
+            reply = _reply(chat.cache, tokens, sampler, limits, chat.loaded, verbose)
         except ContextOverflow as e:
             messages.pop()      # the chat goes on; the user can /clear or ask something shorter
             console.error(f"{e}; /clear starts a new conversation")
@@ -79,13 +109,20 @@ def _conversation(system: str | None, messages: list[dict[str, str]]) -> list[di
     return ([{"role": "system", "content": system}] if system else []) + messages
 
 
-def _fitted_tokens(session, system: str | None, messages: list[dict[str, str]],
+def _fitted_tokens(chat: _Chat, system: str | None, messages: list[dict[str, str]],
                    limits: Limits) -> list[int]:
-    """The prompt for the next reply; when the history outgrows the context, the oldest turns go
-    (in place, from `messages`) and the rest is evaluated again."""
+    """The prompt for the next reply. When the history outgrows the context, the context grows
+    (to hold it and the reply's room) where it can; then the oldest turns go (in place, from
+    `messages`) and the rest is evaluated again."""
+    session = chat.loaded.session
     if not session.chat_template:
         return raw_tokens(session, messages[-1]["content"])
-    limit = session.n_ctx - chat_window.reserve(session.n_ctx, limits.max_tokens)
+    if chat.grow is not None:
+        need = len(chat_tokens(session, _conversation(system, messages)))
+        if need + reply_room(limits.max_tokens) > session.n_ctx:
+            chat.grow_to(need + reply_room(limits.max_tokens))
+            session = chat.loaded.session
+    limit = session.n_ctx - reply_reserve(session.n_ctx, limits.max_tokens)
     tokens, dropped = chat_window.fit(
         messages, lambda kept: chat_tokens(session, _conversation(system, kept)), limit)
     if dropped:
@@ -93,6 +130,29 @@ def _fitted_tokens(session, system: str | None, messages: list[dict[str, str]],
         console.note(f"the conversation outgrew the context: dropped the {dropped} oldest "
                      f"message{'s' if dropped > 1 else ''}" + (" (the system message stays)" if system else ""))
     return tokens
+
+
+def growing(*, ctx: int, kv_type: str | None, memory_budget: str | None,
+            gpu_layers: int | None, options) -> Grow | None:
+    """How a chat's context grows: by loading the model again with a larger one that fits the
+    budget (fit.request.grown); None when --ctx fixed it."""
+    if ctx:
+        return None
+
+    def grow(loaded: LoadedModel, need: int) -> LoadedModel | None:
+        from dataclasses import replace
+
+        from localinfer.engine.load import load_model
+        from localinfer.fit.request import grown
+        placement = grown(loaded.path, n_ctx=loaded.session.n_ctx, need=need, kv_type=kv_type,
+                          memory_budget=memory_budget, gpu_layers=gpu_layers)
+        if placement is None:
+            return None
+        loaded.session.close()
+        return load_model(loaded.ref, loaded.path, backend=loaded.backend, options=replace(
+            options, n_ctx=placement.n_ctx, kv_type=placement.kv_type,
+            gpu_layers=placement.gpu_layers))
+    return grow
 
 
 def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,

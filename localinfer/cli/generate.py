@@ -11,19 +11,24 @@ from localinfer.backends import LoadOptions
 from localinfer.cli import console, shell
 from localinfer.cli.options import (backend_option, check_backend, ctx_option, fit_model,
                                     gpu_layers_option, kv_type_option, memory_option,
-                                    offline_option, open_ref, quant_option, threads_option)
+                                    offline_option, open_ref, parse_gpu_layers, quant_option,
+                                    threads_option)
 from localinfer.errors import UsageError
 
 # The decode loop, the prompt cache and their numpy are imported inside the commands: `list` or
 # `quantize` should not pay for them at start-up.
 if TYPE_CHECKING:
     from localinfer.cache.prompt_cache import PromptCache
+    from localinfer.fit.request import Request
     from localinfer.engine.decode import Generation, Limits
     from localinfer.engine.load import LoadedModel
     from localinfer.engine.sampling import SamplingParams
     from localinfer.speculate.verify import SpeculativeGeneration
 
-CTX_HELP = "Context length; 0 = model's, up to 4096."
+CTX_HELP = ("Context length; 0 = sized to the prompt and the reply's room (at least 4096, at "
+            "most the model's trained context).")
+CHAT_CTX_HELP = ("Context length; 0 = 4096, grown as the conversation needs (up to the model's "
+                 "trained context) before old turns are dropped.")
 
 
 def register(app: typer.Typer) -> None:
@@ -50,6 +55,9 @@ def run(
                                    help="Stop after this many tokens; -1 = until the model ends."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
     ctx: int = ctx_option(0, 0, CTX_HELP),
+    truncate: bool = typer.Option(False, "--truncate", help="A prompt longer than the context "
+                                  "fits: keep the question and the end of the piped input, drop "
+                                  "the rest (stderr says how much)."),
     threads: int = threads_option(),
     backend: str = backend_option(),
     offline: bool = offline_option("Never download; fail if not on disk."),
@@ -68,36 +76,60 @@ def run(
     """Generate a completion and stream it to stdout."""
     from localinfer.cache import prompt_cache
     from localinfer.engine.decode import Limits
-    from localinfer.engine.prompt import chat_tokens, messages_for, raw_tokens, uses_chat_template
+    from localinfer.engine.prompt import uses_chat_template
     from localinfer.engine.sampling import SamplingParams, make_sampler
+    from localinfer.fit.request import Request
     _check_max_tokens(max_tokens)
     check_backend(backend)
-    ref, options = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                             threads=threads, verbose=verbose, offline=offline,
-                             gpu_layers=gpu_layers)
+    fit = dict(quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_, threads=threads,
+               verbose=verbose, offline=offline, gpu_layers=gpu_layers)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     limits = Limits(max_tokens, tuple(stop))
     if prompt is None and console.interactive(sys.stdin):
         from localinfer.cli import chat as chat_repl
+        ref, options, _ = fit_model(model, **fit)
         loaded = open_ref(ref, backend=backend, offline=offline, options=options)
-        chat_repl.repl(loaded, make_sampler(params), system=system, limits=limits)
+        chat_repl.repl(loaded, make_sampler(params), system=system, limits=limits,
+                       grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
+                                              gpu_layers=parse_gpu_layers(gpu_layers),
+                                              options=options))
         return
-    text = shell.combine_input(shell.read_stdin(), prompt)
-    loaded = open_ref(ref, backend=backend, offline=offline, options=options)
+    # The prompt is read before the fit: the context is sized to it.
+    request = Request(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
+                      max_tokens, truncate)
+    loaded, options, tokens = _open_for(model, request, fit, backend=backend)
     session = loaded.session
-    if uses_chat_template(session, raw):
-        tokens = chat_tokens(session, messages_for(text, system))
-    else:
-        if system and not raw:
-            console.warn("this model has no chat template; --system is ignored")
-        tokens = raw_tokens(session, text)
+    if system and not raw and not uses_chat_template(session, raw):
+        console.warn("this model has no chat template; --system is ignored")
     generation = _generation(loaded, tokens, params, limits, draft=draft, draft_max=draft_max,
                              offline=offline, options=options,
                              store=prompt_cache.open_for(session, enabled=not no_cache))
     generation.stats.load_s = loaded.load_s
     shell.emit(generation, loaded, as_json=as_json, verbose=verbose)
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
+    if generation.stats.finish_reason == "context":
+        console.note(f"the reply stopped at the end of the context ({session.n_ctx:,} tokens); "
+                     "-n N sizes the context for a longer one (or --ctx N)")
+
+
+def _open_for(model: str, request: Request, fit: dict, *,
+              backend: str) -> tuple[LoadedModel, LoadOptions, list[int]]:
+    """The model loaded with a context sized to the request's prompt, and the prompt's tokens. A
+    prompt fitted on a likely bound is counted by the loaded model; in the rare case it needs a
+    larger context than it got, the fit is made again with that count and the model loaded again."""
+    from localinfer.engine.prompt import prompt_tokens
+    from localinfer.fit.request import holds
+    ref, options, sized = fit_model(model, **fit, request=request)
+    loaded = open_ref(ref, backend=backend, offline=fit["offline"], options=options)
+    tokens = prompt_tokens(loaded.session, sized.prompt)
+    if holds(sized, len(tokens), ctx=fit["ctx"], reply=request.reply):
+        return loaded, options, tokens
+    again, options_again, sized = fit_model(model, **fit, request=request, vocab=loaded.session)
+    if (again, options_again) != (ref, options):
+        loaded.session.close()
+        loaded = open_ref(again, backend=backend, offline=fit["offline"], options=options_again)
+    return loaded, options_again, prompt_tokens(loaded.session, sized.prompt)
 
 
 def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, limits: Limits, *,
@@ -125,7 +157,7 @@ def chat(
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; -1 (or none given) "
                                        "draws a new one each run."),
     max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1, help="Per reply; -1 = no limit."),
-    ctx: int = ctx_option(0, 0, CTX_HELP),
+    ctx: int = ctx_option(0, 0, CHAT_CTX_HELP),
     threads: int = threads_option(),
     backend: str = backend_option(),
     offline: bool = offline_option(),
@@ -143,12 +175,15 @@ def chat(
     _check_max_tokens(max_tokens)
     sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
     check_backend(backend)
-    ref, options = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                             threads=threads, verbose=verbose, offline=offline,
-                             gpu_layers=gpu_layers)
+    ref, options, _ = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type,
+                                memory_budget=memory_, threads=threads, verbose=verbose,
+                                offline=offline, gpu_layers=gpu_layers)
     loaded = open_ref(ref, backend=backend, offline=offline, options=options)
     chat_repl.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
-                   use_cache=not no_cache)
+                   use_cache=not no_cache,
+                   grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
+                                          gpu_layers=parse_gpu_layers(gpu_layers),
+                                          options=options))
 
 
 def _check_max_tokens(max_tokens: int) -> None:

@@ -21,7 +21,9 @@ from localinfer.errors import UsageError
 from localinfer.models import refs
 
 if TYPE_CHECKING:
+    from localinfer.backends import Session
     from localinfer.engine.load import LoadedModel
+    from localinfer.fit.request import Request, Sized
 
 GGML_MAX_N_THREADS = 512      # ggml.h: the size of the thread pool's tables
 # Tokens of context (and of one `eval` chunk, which is also its batch). The longest context any
@@ -115,20 +117,27 @@ def check_backend(backend: str) -> None:
 
 # -- from the model option to a loaded model ------------------------------------------------------
 def fit_model(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_budget: str | None,
-              threads: int, verbose: bool, offline: bool,
-              gpu_layers: str = "auto") -> tuple[refs.ModelRef, LoadOptions]:
+              threads: int, verbose: bool, offline: bool, gpu_layers: str = "auto",
+              request: Request | None = None, vocab: Session | None = None
+              ) -> tuple[refs.ModelRef, LoadOptions, Sized | None]:
     """The variant, context, KV type and GPU layers that fit the memory budget (pulled or
-    quantized if need be; notes on stderr)."""
-    from localinfer.fit import auto
-    chosen = auto.resolve(model, quant=quant, n_ctx=ctx, kv_type=kv_type,
-                          memory_budget=memory_budget, offline=offline, notify=console.note,
-                          progress=console.interactive(),
-                          quantize_bar=lambda: console.progress_bar("quantizing"),
-                          gpu_layers=_gpu_layers(gpu_layers))
-    for note in chosen.notes:
+    quantized if need be; notes on stderr). With `run`'s `request` the context is sized to its
+    prompt (fit.request; `vocab`, a loaded model, counts it), and the sizing comes back with the
+    prompt as it is to be sent (--truncate may cut it)."""
+    from localinfer.fit import auto, request as sizing
+    fit = dict(quant=quant, kv_type=kv_type, memory_budget=memory_budget, offline=offline,
+               notify=console.note, progress=console.interactive(),
+               quantize_bar=lambda: console.progress_bar("quantizing"),
+               gpu_layers=_gpu_layers(gpu_layers))
+    if request is None:
+        chosen, sized = auto.resolve(model, n_ctx=ctx, **fit), None
+    else:
+        sized = sizing.resolve(request, model, ctx=ctx, vocab=vocab, **fit)
+        chosen = sized.resolved
+    for note in (*chosen.notes, *(sized.notes if sized else ())):
         console.note(note)
     return chosen.ref, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
-                                   kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers)
+                                   kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers), sized
 
 
 def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions,

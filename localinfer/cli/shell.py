@@ -19,6 +19,7 @@ from localinfer.units import human_size
 if TYPE_CHECKING:
     from localinfer.engine.decode import Generation
     from localinfer.engine.load import LoadedModel
+    from localinfer.engine.prompt import PromptText
 
 
 def read_stdin(limit: int | None = None) -> str | None:
@@ -159,6 +160,16 @@ def quiet_broken_pipe() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
+
+
+def prompt_text(stdin_text: str | None, prompt: str | None, *, system: str | None,
+                raw: bool) -> PromptText:
+    """The prompt as `run` sends it: combined as combine_input does, the piped part marked as
+    the part --truncate may shorten."""
+    from localinfer.engine.prompt import PromptText
+    piped = (stdin_text or "").rstrip("\n")
+    return PromptText(combine_input(stdin_text, prompt), len(piped) if piped.strip() else 0,
+                      system, raw)
 
 
 def combine_input(stdin_text: str | None, prompt: str | None) -> str:

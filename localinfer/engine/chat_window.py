@@ -25,8 +25,3 @@ def fit(messages: Messages, render: Callable[[Messages], list[int]], limit: int)
             raise ContextOverflow(f"the message is {len(tokens)} tokens with the system message, "
                                   f"more than the {limit} the context leaves for it; raise --ctx")
         dropped += 2 if len(messages) - dropped > 2 else 1
-
-
-def reserve(n_ctx: int, max_tokens: int) -> int:
-    """Context kept free for the reply: --max-tokens, or a quarter of the context (at most 512)."""
-    return min(max_tokens, n_ctx // 2) if max_tokens > 0 else min(512, n_ctx // 4)

@@ -105,7 +105,8 @@ class KVCache:
         assert store is not None
         # A sliding-window state longer than the window cannot be trimmed back: such an entry is
         # only usable when it is wholly a prefix of this prompt.
-        found = store.longest_prefix(prompt, limit=limit, rigid_over=self._window or None)
+        found = store.longest_prefix(prompt, limit=limit, rigid_over=self._window or None,
+                                     longest=self.session.n_ctx)
         usable = found[1] // batching.GRAIN * batching.GRAIN if found else 0
         if found is None or usable <= reuse:
             note = f"nothing on disk beats the {reuse} tokens the session holds" if reuse else "miss"
@@ -134,8 +135,8 @@ class KVCache:
 class PromptStore(Protocol):
     """The prompt cache as KVCache uses it (prompt_cache.PromptCache)."""
 
-    def longest_prefix(self, tokens: Sequence[int], *, limit: int,
-                       rigid_over: int | None = None) -> tuple[Any, int] | None: ...
+    def longest_prefix(self, tokens: Sequence[int], *, limit: int, rigid_over: int | None = None,
+                       longest: int | None = None) -> tuple[Any, int] | None: ...
     def load(self, head: Any) -> bytes | None: ...
     def drop(self, head: Any) -> None: ...
     def save(self, tokens: Sequence[int], state: bytes) -> Any: ...

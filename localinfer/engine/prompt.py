@@ -1,9 +1,12 @@
-"""From text to prompt tokens: the model's chat template, or the text as is."""
+"""From text to prompt tokens: the model's chat template, or the text as is; how many tokens a
+prompt may take before it is tokenized, and what `--truncate` keeps of it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from localinfer.backends import Session
-from localinfer.errors import ModelLoadError
+from localinfer.errors import ContextOverflow, ModelLoadError
 
 
 def messages_for(text: str, system: str | None) -> list[dict[str, str]]:
@@ -41,3 +44,84 @@ def with_bos(session: Session, tokens: list[int]) -> list[int]:
 
 def _text(session: Session, token: int | None) -> str:
     return session.token_text(token) if token is not None else ""
+
+
+# -- a prompt as the user gave it, and what --truncate keeps of it ---------------------------------
+# Room kept for the reply when --max-tokens does not say: `run --ctx 0` sizes the context for the
+# prompt plus this, and a context that cannot grow keeps this much free (a quarter of it at most).
+REPLY_TOKENS = 1024
+# Tokens a rendered prompt may hold beyond one per byte of its text: BOS, SentencePiece's space
+# prefix, and the special tokens (BOS, EOS) a template writes, rendered as empty text for the bound.
+_SPECIAL_SLACK = 16
+_MAX_CUTS = 8
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """`text` as the shell combined it (piped input, then the prompt argument); its first
+    `cuttable` characters are the piped input, the part `--truncate` may shorten from its start."""
+
+    text: str
+    cuttable: int = 0
+    system: str | None = None
+    raw: bool = False
+
+
+def prompt_tokens(vocab: Session, prompt: PromptText) -> list[int]:
+    """The prompt's tokens through the model's chat template, or as is (--raw, base models).
+
+    `vocab` is a loaded Session or a vocabulary alone (backends.llama_vocab.LlamaVocab)."""
+    if uses_chat_template(vocab, prompt.raw):
+        return chat_tokens(vocab, messages_for(prompt.text, prompt.system))
+    return raw_tokens(vocab, prompt.text)
+
+
+def most_tokens(prompt: PromptText, template: str | None) -> int | None:
+    """At most how many tokens the prompt takes, known without the vocabulary (None: unknown).
+
+    Each token of a byte-level BPE or SentencePiece vocabulary stands for at least one byte of
+    text, so the bytes of the rendered prompt bound its tokens. `template` is the model's chat
+    template as its GGUF header holds it (None: the text goes as is).
+    """
+    text = prompt.text
+    if template and not prompt.raw:
+        from localinfer.engine import templates
+        try:
+            text = templates.render(template, messages_for(prompt.text, prompt.system))
+        except ModelLoadError:       # counted with the vocabulary instead, which says why
+            return None
+    return len(text.encode("utf-8")) + _SPECIAL_SLACK
+
+
+def reply_room(max_tokens: int) -> int:
+    """Room a context is sized to leave for the reply: --max-tokens, or REPLY_TOKENS."""
+    return max_tokens if max_tokens > 0 else REPLY_TOKENS
+
+
+def reply_reserve(n_ctx: int, max_tokens: int) -> int:
+    """What a context of `n_ctx` tokens keeps free for the reply when it cannot grow:
+    --max-tokens (at most half of it), or REPLY_TOKENS (at most a quarter)."""
+    return min(max_tokens, n_ctx // 2) if max_tokens > 0 else min(REPLY_TOKENS, n_ctx // 4)
+
+
+def truncated(vocab: Session, prompt: PromptText, limit: int) -> tuple[PromptText, list[int]]:
+    """The prompt with the start of its piped input dropped so that it takes at most `limit`
+    tokens, and its tokens; the question and the system message stay whole.
+
+    Tokens do not add up across a cut (the text at the seam tokenizes anew), so each round drops
+    the overshoot at a token boundary of the piped text and counts the whole prompt again.
+    """
+    tokens = prompt_tokens(vocab, prompt)
+    for _ in range(_MAX_CUTS):
+        excess = len(tokens) - limit
+        if excess <= 0:
+            return prompt, tokens
+        piped = vocab.tokenize(prompt.text[:prompt.cuttable], special=False)
+        if excess >= len(piped):
+            raise ContextOverflow(f"the prompt is {len(tokens)} tokens, {len(piped)} of them piped "
+                                  f"input: without it, it still takes more than {limit}")
+        # A cut inside a character leaves the rest of its bytes at the start: dropped too.
+        kept = vocab.detokenize(piped[excess:]).decode("utf-8", "ignore")
+        prompt = replace(prompt, text=kept + prompt.text[prompt.cuttable:], cuttable=len(kept))
+        tokens = prompt_tokens(vocab, prompt)
+    raise ContextOverflow(f"the piped input could not be shortened to fit {limit} tokens")

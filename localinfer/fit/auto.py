@@ -47,23 +47,26 @@ class Fitting:
     n_ctx: int
     kv_type: str | None
     gpu_layers: int | None = None     # --gpu-layers; None: as many as the GPU holds
+    min_ctx: int = rules.MIN_CTX      # the shortest context the request allows (its prompt)
 
     def place(self, facts: memory.ModelFacts) -> rules.Placement:
         return rules.place(facts, self.machine, self.budget, n_ctx=_ctx(facts, self.n_ctx),
-                         kv_type=self.kv_type, gpu_layers=self.gpu_layers)
+                         kv_type=self.kv_type, gpu_layers=self.gpu_layers, min_ctx=self.min_ctx)
 
 
 def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_budget: str | None,
             offline: bool = False, notify: Notify = lambda _: None, progress: bool = False,
-            quantize_bar: QuantizeBar = nullcontext, gpu_layers: int | None = None) -> Resolved:
+            quantize_bar: QuantizeBar = nullcontext, gpu_layers: int | None = None,
+            min_ctx: int = rules.MIN_CTX) -> Resolved:
     """Pick (pulling or quantizing if need be) what to load so that it fits; a LocalinferError
-    naming the shortfall and what would make it fit when nothing does.
+    naming the shortfall and what would make it fit when nothing does. The context may be
+    shortened to fit, down to `min_ctx` (fit.request passes the prompt's length).
 
     `progress` lets a pull draw its download bar; `quantize_bar` shows a quantization made to fit.
     """
     if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
         raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers)
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx)
     _, cat, store = refs.context()
     if quant.lower() != "auto" and ":" not in model and not refs.looks_like_path(model):
         model = f"{model}:{quant}"
@@ -114,7 +117,7 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
             candidates.append(rules.Candidate(quant, scaled, False))
     choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
                                 n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type,
-                                gpu_layers=fitting.gpu_layers)
+                                gpu_layers=fitting.gpu_layers, min_ctx=fitting.min_ctx)
     if choice is not None:
         quant, placement = choice[0].quant, choice[1]
     else:
@@ -137,9 +140,11 @@ def _as_asked(gpu_layers: int | None) -> int:
 
 
 def place_file(path: Path, *, n_ctx: int, kv_type: str | None = None,
-               gpu_layers: int | None = None) -> rules.Placement:
-    """Where a model file's layers go on this machine, for commands that load it as named."""
-    fitting = Fitting(*_machine_and_budget(None), n_ctx, kv_type, gpu_layers)
+               gpu_layers: int | None = None, memory_budget: str | None = None,
+               min_ctx: int = rules.MIN_CTX) -> rules.Placement:
+    """Where a model file's layers go on this machine, for commands that load it as named (and
+    for a chat whose context grows)."""
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx)
     return fitting.place(memory.facts_from_file(path))
 
 

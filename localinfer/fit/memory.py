@@ -9,9 +9,12 @@ on a CPU and what of it becomes resident:
 - KV cache: n_ctx cells in every layer. Sliding-window layers get a full-size cache too, because this
   llama.cpp allocates them full size by default (`swa_full`); with swa_full off they are sized by
   their window.
-- compute buffer: activations for one micro-batch plus the attention mask, and the logits rows that
-  are really written (llama.cpp reserves n_outputs_max rows of vocabulary-sized floats, but pages of
-  rows never written stay untouched and do not count).
+- compute buffer: activations for one full micro-batch plus the attention mask, and the logits rows
+  that are really written (llama.cpp reserves n_outputs_max rows of vocabulary-sized floats, but
+  pages of rows never written stay untouched and do not count). A full micro-batch is what any
+  prompt of 512 tokens or more evaluates, and what every first run of a model does: the exactness
+  probe for speculation prefills 320 tokens and verifies batches of up to 8 rows of logits. So the
+  estimate is the peak of such runs; a short prompt without drafts peaks a few percent lower.
 - overhead: the Python interpreter with numpy and llama.cpp loaded, plus llama.cpp's vocabulary
   tables, which grow with the vocabulary (measured on the build machine; see RUNTIME_* below).
 """
@@ -35,6 +38,13 @@ KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}
 KV_PAD = 256                  # llama.cpp rounds the number of KV cells up to this
 N_UBATCH = 512                # micro-batch the backend decodes with (LoadOptions.n_batch)
 N_OUTPUTS_MAX = 64            # logits rows one decode call returns at most (backends MAX_OUTPUTS)
+# Logits rows a `run` writes in one call: speculation verifies up to 8 drafted tokens at once, and
+# the one-off exactness probe batches as many (speculate.exactness.MAX_PROBED).
+RUN_LOGITS_ROWS = 8
+# Live hidden-state rows of one micro-batch at its widest (measured as the resident growth from a
+# short to a full batch: 13 MiB on SmolLM2, 17 MiB on Gemma 3 270M): the residual, the normed input
+# and the attention or FFN output in n_embd, the gate, up and activated rows in n_ff.
+ACTIVATION_ROWS = 3
 # Tensor types llama.cpp's CPU backend repacks on x86 with AVX2 when ne[1] % 8 == 0.
 REPACKED_X86_AVX2 = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}
 
@@ -60,7 +70,7 @@ class ModelFacts:
 class Request:
     n_ctx: int
     kv_type: str = "f16"
-    logits_rows: int = 1               # rows of logits written per call: 1 for run, 64 for eval
+    logits_rows: int = RUN_LOGITS_ROWS  # rows of logits written per call: 8 for run, 64 for eval
     swa_full: bool = True              # the llama.cpp default in this version
     repack: bool = True                # x86 with AVX2 (see devices)
 
@@ -179,10 +189,10 @@ def kv_cache_bytes(facts: ModelFacts, request: Request) -> int:
 
 
 def _activations(facts: ModelFacts, request: Request) -> int:
-    # One micro-batch of hidden states through the widest layer, plus the f16 attention mask over
-    # all cells (flash attention is on for CPU, so no n_ctx x n_ctx score matrix).
+    # One full micro-batch of f32 hidden states at the widest point of a layer, plus the f16
+    # attention mask over all cells (flash attention is on for CPU: no n_ctx x n_ctx scores).
     cells = -(-request.n_ctx // KV_PAD) * KV_PAD
-    return N_UBATCH * max(facts.n_ff, 4 * facts.n_embd) * 4 + cells * N_UBATCH * 2
+    return N_UBATCH * ACTIVATION_ROWS * (facts.n_embd + facts.n_ff) * 4 + cells * N_UBATCH * 2
 
 
 def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) -> ModelFacts:
@@ -191,9 +201,11 @@ def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) ->
 
 
 def cpu_repacks() -> bool:
-    """Whether this CPU's llama.cpp backend repacks weights (x86 with AVX2)."""
+    """Whether this CPU's llama.cpp backend repacks weights (x86 with AVX2, where the engine loads
+    into its extra weight buffers: not on AMX CPUs, backends.llama_devices.uses_weight_buffers)."""
+    from localinfer.backends.llama_devices import uses_weight_buffers
     from localinfer.fit import machine
-    return "avx2" in machine.cpu_flags()
+    return "avx2" in machine.cpu_flags() and uses_weight_buffers()
 
 
 def planned_facts(source: ModelFacts, plan) -> ModelFacts:

@@ -69,9 +69,10 @@ class Placement:
 
 
 def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx: int,
-          kv_type: str | None = None, logits_rows: int = 1,
-          gpu_layers: int | None = None) -> Placement:
-    """Fit one model: the requested context and KV type, else q8_0 KV, else a shorter context.
+          kv_type: str | None = None, logits_rows: int = memory.RUN_LOGITS_ROWS,
+          gpu_layers: int | None = None, min_ctx: int = MIN_CTX) -> Placement:
+    """Fit one model: the requested context and KV type, else q8_0 KV, else a shorter context,
+    never shorter than `min_ctx` (what the prompt needs, when it is known).
 
     `gpu_layers` (--gpu-layers) fixes how many layers go to the GPU; None: as many as it holds.
     """
@@ -83,9 +84,9 @@ def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx:
             placement = _split(facts, request, machine, budget_, gpu_layers)
             if placement.fits:
                 return replace(placement, notes=_notes(n_ctx, ctx, kv_type, kv))
-        if ctx // 2 < MIN_CTX:
+        if ctx <= min_ctx or ctx // 2 < MIN_CTX:
             return placement      # the smallest try: says how much it needs
-        ctx //= 2
+        ctx = max(ctx // 2, min_ctx)
 
 
 def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, budget_: Budget,
@@ -137,15 +138,15 @@ class Candidate:
 
 
 def choose_variant(candidates: list[Candidate], machine: Machine, budget_: Budget, *, n_ctx: int,
-                   kv_type: str | None = None,
-                   gpu_layers: int | None = None) -> tuple[Candidate, Placement] | None:
+                   kv_type: str | None = None, gpu_layers: int | None = None,
+                   min_ctx: int = MIN_CTX) -> tuple[Candidate, Placement] | None:
     """The most precise variant that fits (on-disk ones win a tie in precision); None if none does."""
     from localinfer.quant.quantize import PRECISION_ORDER
     rank = {q: i for i, q in enumerate(PRECISION_ORDER)}
     ordered = sorted(candidates, key=lambda c: (rank.get(c.quant, 99), not c.on_disk))
     for candidate in ordered:
         placement = place(candidate.facts, machine, budget_, n_ctx=n_ctx, kv_type=kv_type,
-                          gpu_layers=gpu_layers)
+                          gpu_layers=gpu_layers, min_ctx=min_ctx)
         if placement.fits:
             return candidate, placement
     return None

@@ -7,6 +7,7 @@ adds models or overrides fields of built-in ones, table by table.
 from __future__ import annotations
 
 import difflib
+import functools
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -105,12 +106,20 @@ class Catalogue:
 
 
 def load(user_file: Path | None = None) -> Catalogue:
+    """The built-in catalogue with the user's file over it: parsed once per process for each
+    content of the user's file (a `run` consults it more than once; a parse costs milliseconds)."""
+    raw = user_file.read_bytes() if user_file is not None and user_file.is_file() else None
+    return _load(user_file, raw)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(user_file: Path | None, raw: bytes | None) -> Catalogue:
     data = tomllib.loads(resources.files("localinfer").joinpath("models.toml").read_text("utf-8"))
     catalogue_check.check(data, BUILT_IN)
     user: dict = {}
-    if user_file is not None and user_file.is_file():
+    if raw is not None:
         try:
-            user = tomllib.loads(user_file.read_text("utf-8"))
+            user = tomllib.loads(raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise LocalinferError(f"{user_file} is not valid TOML: {e}") from e
         catalogue_check.check(user, str(user_file))

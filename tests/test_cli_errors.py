@@ -100,7 +100,7 @@ def test_prompt_longer_than_context(models_home, smollm_path):
     prompt = "the quick brown fox jumps over the lazy dog " * 100
     result = run_cli("run", str(smollm_path), prompt, "--ctx", "64", *FAST, home=models_home)
     assert result.returncode == EXIT_RUNTIME
-    assert "context" in error_line(result)
+    assert "tokens but --ctx 64 holds 64; raise --ctx" in error_line(result)
 
 
 def test_empty_prompt_argument(models_home):

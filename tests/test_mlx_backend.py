@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GEMMA, MODELS_HOME, run_cli
+from parity import NEAR_TIE, first_difference, parting_gap
 from test_run import QUESTION
 from test_speculative import CODE, G_COPY, G_LIST, G_OPEN, OPEN, TYPOS
 
@@ -221,7 +222,11 @@ def test_greedy_first_32_tokens_match_llama_cpp(pair):
         pytest.skip("SmolLM2 parts from llama.cpp at llama.cpp's rounding: "
                     "test_greedy_on_the_chat_prompts_is_the_exact_models checks it")
     for prompt in _prompts(ref):       # Gemma 3 270M: a base model, its prompts raw
-        assert _greedy(mlx, prompt) == _greedy(ref, prompt)
+        ours, theirs = _greedy(mlx, prompt), _greedy(ref, prompt)
+        # Equal, or parted where llama.cpp's own top logits nearly tie (tests/parity.py).
+        gap = parting_gap(ref.session, prompt, ours, theirs)
+        print(f"first difference {first_difference(ours, theirs)}, gap there {gap:.3f}")
+        assert ours == theirs or gap < NEAR_TIE, (first_difference(ours, theirs), gap)
 
 
 # -- the KV cache -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import GEMMA, SMOLLM, run_cli
 from onnx_reference import Float64Model, kl
+from parity import NEAR_TIE, first_difference, parting_gap
 from test_run import QUESTION
 from test_speculative import G_OPEN
 
@@ -136,14 +137,15 @@ def test_tokens_are_llama_cpps(pair):
 
 
 def test_greedy_follows_llama_cpp(pair):
-    """int8 activations, as llama.cpp's own: the same greedy text (SmolLM2 parts from llama.cpp at a
-    near-tie after 12 tokens on this prompt, as llama.cpp's own rounding does from the exact model)."""
+    """int8 activations, as llama.cpp's own: the same greedy text until llama.cpp's own logits
+    nearly tie (where its rounding and ours may each take the other branch: tests/parity.py)."""
     name, onnx, ref = pair
     prompt = _text_tokens(ref.session, 40)
     ours, theirs = _greedy(onnx, prompt), _greedy(ref, prompt)
-    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-    print(f"{name}: the first {same} of 16 greedy tokens equal llama.cpp's")
-    assert same >= 8
+    same = first_difference(ours, theirs)
+    gap = parting_gap(ref.session, prompt, ours, theirs)
+    print(f"{name}: the first {same} of 16 greedy tokens equal llama.cpp's; gap there {gap:.3f}")
+    assert same is None or same >= 8 or gap < NEAR_TIE, (same, gap)
 
 
 def test_trim_and_restore_give_the_uninterrupted_logits(pair):

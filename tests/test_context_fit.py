@@ -174,14 +174,14 @@ def test_a_chat_context_grows_by_doubling_up_to_the_trained_context(smollm_path)
 
 # -- the real command line on SmolLM2 (trained for 8,192 tokens) -----------------------------------
 @pytest.fixture(scope="module")
-def documents(tmp_path_factory, smollm_path) -> dict[str, str]:
-    """Piped documents of about 5,000 and 10,000 SmolLM2 tokens."""
+def documents(tmp_path_factory, smollm_path) -> dict[int, str]:
+    """Piped documents of about 2,000, 5,000 and 10,000 SmolLM2 tokens."""
     from localinfer.backends.llama_vocab import LlamaVocab
     v = LlamaVocab(smollm_path)
     try:
         text = _document(60_000)
         tokens = v.tokenize(text, special=False)
-        return {n: v.detokenize(tokens[:n]).decode("utf-8", "ignore") for n in (5000, 10000)}
+        return {n: v.detokenize(tokens[:n]).decode("utf-8", "ignore") for n in (2000, 5000, 10000)}
     finally:
         v.close()
 
@@ -211,20 +211,38 @@ def test_a_long_piped_document_gets_the_context_it_needs(smollm_path, documents,
 
 
 @pytest.mark.slow
-def test_a_document_longer_than_the_trained_context_is_refused_or_truncated(smollm_path,
-                                                                          documents, tmp_path):
+def test_a_document_longer_than_the_trained_context_is_refused(smollm_path, documents, tmp_path):
     refused = run_cli("run", str(smollm_path), QUESTION, input=documents[10000], home=tmp_path)
     assert refused.returncode == 1
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "8,192" in lines[0] and "--truncate" in lines[0], refused.stderr
     assert refused.stdout == ""
+
+
+def _dropped(stderr: str) -> int:
+    note = next(line for line in stderr.splitlines() if "--truncate: dropped" in line)
+    return int(note.split("dropped the first ")[1].split(" ")[0].replace(",", ""))
+
+
+@pytest.mark.slow
+def test_truncate_keeps_the_question_and_the_end_of_the_input(smollm_path, documents, tmp_path):
+    # A fixed --ctx takes the same cut as the trained context (below), at an eighth of the prefill.
+    cut = run_cli("run", str(smollm_path), QUESTION, "--ctx", "1024", "--truncate", "-n", "16",
+                  "--temp", "0", "--draft", "none", input=documents[2000], home=tmp_path,
+                  timeout=3600)
+    assert cut.returncode == 0, cut.stderr[-2000:]
+    assert cut.stdout.strip()
+    assert 1000 <= _dropped(cut.stderr) <= 1100      # ~2,030 tokens into 1,024 - 16
+
+
+@pytest.mark.exhaustive
+def test_truncate_to_the_trained_context(smollm_path, documents, tmp_path):
+    """An 8,192-token prefill: minutes on 2 cores with the row-by-row attention kernel."""
     cut = run_cli("run", str(smollm_path), QUESTION, "--truncate", "-n", "16", "--temp", "0",
                   "--draft", "none", input=documents[10000], home=tmp_path, timeout=3600)
     assert cut.returncode == 0, cut.stderr[-2000:]
     assert cut.stdout.strip()
-    note = next(line for line in cut.stderr.splitlines() if "--truncate: dropped" in line)
-    dropped = int(note.split("dropped the first ")[1].split(" ")[0].replace(",", ""))
-    assert 1800 <= dropped <= 2200, note      # ~10,050 tokens into 8,192 - 16
+    assert 1800 <= _dropped(cut.stderr) <= 2200      # ~10,050 tokens into 8,192 - 16
 
 
 def test_a_dense_prompt_that_looked_short_is_counted_after_loading(smollm_path, tmp_path):
@@ -239,9 +257,13 @@ def test_a_dense_prompt_that_looked_short_is_counted_after_loading(smollm_path, 
 
 @pytest.mark.slow
 def test_a_dense_prompt_gets_a_larger_context_after_loading(smollm_path, tmp_path):
-    digits = "3.14159 2.71828 " * 270          # ~4,300 bytes, ~4,300 tokens
-    result = run_cli("run", str(smollm_path), digits, "--raw", "-n", "4", "--temp", "0",
-                     "--draft", "none", "-v", home=tmp_path, timeout=3600)
+    # ~2,400 bytes look like ~800 tokens, and with room for a 2,500-token reply like a fit in the
+    # default 4,096; counted, they are ~2,400 tokens, which with the reply's room need 5,120. The
+    # reply itself ends at its first space or newline.
+    digits = "3.14159 2.71828 " * 150
+    result = run_cli("run", str(smollm_path), digits, "--raw", "-n", "2500", "--stop", " ",
+                     "--stop", "\n", "--temp", "0", "--draft", "none", "-v", home=tmp_path,
+                     timeout=3600)
     assert result.returncode == 0, result.stderr[-2000:]
     contexts = [int(line.split("=")[1]) for line in result.stderr.splitlines()
                 if line.startswith("llama_context: n_ctx ")]

@@ -95,6 +95,10 @@ def _kl(reference: np.ndarray, model: np.ndarray) -> np.ndarray:
     return (np.exp(p) * (p - q)).sum(axis=-1)                 # KL(reference || model) per position
 
 
+# The teacher-forced comparison takes two to three minutes of MLX's CPU build (its quantized matmul
+# runs on one thread for 512-row batches); MLX's exactness is checked by default against a float64
+# forward and by greedy parity, so this one is opt-in.
+@pytest.mark.exhaustive
 def test_teacher_forced_kl_against_llama_cpp(forced):
     ours, theirs = forced
     kl = _kl(theirs, ours)
@@ -102,6 +106,7 @@ def test_teacher_forced_kl_against_llama_cpp(forced):
     assert kl.mean() < 0.02                                   # measured: 0.0031 SmolLM2, 0.0057 Gemma
 
 
+@pytest.mark.exhaustive
 @pytest.mark.xfail(strict=True, reason=(
     "llama.cpp's CPU arithmetic (int8-rounded activations, f16 KV cache) itself agrees with an exact "
     "float64 forward of these files only 97.1% (SmolLM2) / 96.1% (Gemma) top-1; MLX agrees with that "

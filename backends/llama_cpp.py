@@ -28,7 +28,10 @@ MAX_OUTPUTS = 64              # most positions whose logits one llama_decode cal
 # 64-row batch a tiled one, but only when K is f16 (or f32) and V the same type. Otherwise every
 # row takes the row-by-row kernel, so a single decode step and a row of a verification batch
 # compute the same bits at any context length: what exact speculation and the prompt cache rest
-# on. Same size and quality; prefill of long prompts is slower (docs/speculative-decoding.md).
+# on. Same size and quality, but a prompt's prefill loses the tiled kernel: 0.53x at 512 tokens,
+# 0.19x at 4,096 on SmolLM2 here. So a long prompt (LoadOptions.long_prompt) gets f16 K, and the
+# exactness probe, keyed by the cache's types, finds that its verification batches past 256 cells
+# are not single steps: such a run decodes without drafts (docs/speculative-decoding.md).
 # GPU builds keep f16 K: their attention kernels are instantiated for like K and V types, and the
 # exactness probe measures what their batches do.
 _GGML_KV_TYPES = {"f16": (30, 1), "q8_0": (8, 8), "q4_0": (2, 2)}
@@ -180,7 +183,7 @@ class LlamaCppSession(GGUFVocabulary):
         # would abort the process on, before llama.cpp sees the file.
         check_model(path)
         self._path, self._options = path, options
-        self.kv_type = options.kv_type      # part of the exactness probe's key
+        self.kv_type = kv_label(options)    # part of the exactness probe's key
         log = init_engine(options.verbose)
         mparams = lib.llama_model_default_params()
         # The fit's placement (or --gpu-layers); llama.cpp's own default puts every layer on the GPU.
@@ -229,7 +232,7 @@ class LlamaCppSession(GGUFVocabulary):
         # Keep every sliding-window layer's cache full size (Gemma 3): only then can KV entries be
         # trimmed and a saved state be cut short and continued (the prompt cache relies on both).
         cparams.swa_full = True
-        cparams.type_k, cparams.type_v = kv_cache_types(options.kv_type)
+        cparams.type_k, cparams.type_v = kv_cache_types(options)
         # Flash attention, always: the kernels that read a quantized V cache, and the ones whose
         # row-by-row path is batch-invariant (see _GGML_KV_TYPES).
         cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -333,7 +336,7 @@ class LlamaCppSession(GGUFVocabulary):
         return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
-                "kv_types": list(kv_cache_types(self._options.kv_type)), "swa_full": True,
+                "kv_types": list(kv_cache_types(self._options)), "swa_full": True,
                 **self.offload.identity()}
 
     def restore(self, blob: bytes, n_past: int) -> None:
@@ -363,12 +366,19 @@ class LlamaCppSession(GGUFVocabulary):
             pass
 
 
-def kv_cache_types(kv_type: str) -> tuple[int, int]:
+def kv_cache_types(options: LoadOptions) -> tuple[int, int]:
     """ggml_type ids of the K and V cache for --kv-type on this build (see _GGML_KV_TYPES)."""
-    k, v = _GGML_KV_TYPES[kv_type]
-    if kv_type == "f16" and engine().llama_supports_gpu_offload():
+    k, v = _GGML_KV_TYPES[options.kv_type]
+    if options.kv_type == "f16" and (options.long_prompt or engine().llama_supports_gpu_offload()):
         k = _GGML_F16
     return k, v
+
+
+def kv_label(options: LoadOptions) -> str:
+    """--kv-type, marked where a long prompt's 16-bit cache keeps K in f16 on a CPU build."""
+    if options.kv_type == "f16" and options.long_prompt and not engine().llama_supports_gpu_offload():
+        return "f16/f16"
+    return options.kv_type
 
 
 def default_threads() -> int:

@@ -153,3 +153,29 @@ def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, tmp_p
         assert warm == cold
     finally:
         session.close()
+
+
+# -- a long prompt: f16 K for the fast prefill, and then no inexact drafts -------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["smollm", "gemma"])
+def test_a_long_prompt_prefills_with_f16_k_and_stays_exact(variants, label, tmp_path):
+    """A prompt past LONG_PROMPT_BYTES loads a f16/f16 cache (ggml's tiled kernel prefills it
+    several times faster); the probe then finds its batches past 256 cells unlike single steps,
+    so `--draft auto` decodes without drafts and answers as `--draft none` does. A short prompt
+    keeps K in bf16 and drafts."""
+    from conftest import run_cli
+    from localinfer.engine.prompt import LONG_PROMPT_BYTES
+    doc = DOC[:LONG_PROMPT_BYTES + 200]
+    outputs = {}
+    for draft in ("none", "auto"):
+        result = run_cli("run", str(variants[label]), "Go on with the text above.", "--raw",
+                         "-n", "24", "--temp", "0", "--draft", draft, "-v", "--no-cache",
+                         input=doc, home=tmp_path, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "K (f16)" in result.stderr and "K (bf16)" not in result.stderr
+        outputs[draft] = result.stdout
+    assert outputs["auto"] == outputs["none"]
+    assert "verify chunk ≤ 1" in result.stderr
+    short = run_cli("run", str(variants[label]), DOC[:400], "--raw", "-n", "4", "--temp", "0",
+                    "-v", "--no-cache", home=tmp_path)
+    assert short.returncode == 0 and "K (bf16)" in short.stderr, short.stderr[-2000:]

@@ -136,8 +136,10 @@ def fit_model(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_b
         chosen = sized.resolved
     for note in (*chosen.notes, *(sized.notes if sized else ())):
         console.note(note)
+    from localinfer.engine.prompt import is_long
     return chosen.ref, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
-                                   kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers), sized
+                                   kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers,
+                                   long_prompt=sized is not None and is_long(sized.prompt)), sized
 
 
 def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions,

@@ -54,6 +54,10 @@ REPLY_TOKENS = 1024
 # prefix, and the special tokens (BOS, EOS) a template writes, rendered as empty text for the bound.
 _SPECIAL_SLACK = 16
 _MAX_CUTS = 8
+# A prompt of this many bytes (~512 tokens of English) loses more to the exact 16-bit cache's slow
+# prefill than speculation can win back: it loads with LoadOptions.long_prompt (f16 K, tiled
+# attention, no drafts past 256 cells). Measured in docs/speculative-decoding.md.
+LONG_PROMPT_BYTES = 2048
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,11 @@ class PromptText:
     cuttable: int = 0
     system: str | None = None
     raw: bool = False
+
+
+def is_long(prompt: PromptText) -> bool:
+    """Whether the prompt's prefill is what its run's time goes to (LONG_PROMPT_BYTES)."""
+    return len(prompt.text.encode("utf-8")) >= LONG_PROMPT_BYTES
 
 
 def prompt_tokens(vocab: Session, prompt: PromptText) -> list[int]:

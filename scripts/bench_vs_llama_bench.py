@@ -34,6 +34,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -392,6 +393,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="parallel build jobs (default: CPU count)")
     parser.add_argument("--build-only", action="store_true",
                         help="only build llama-bench and print its path")
+    parser.add_argument("--llama-bench-args", default="",
+                        help="more llama-bench options, one string: e.g. '-fa 1 -ctk bf16 -ctv f16' "
+                             "for localinfer's short-prompt cache, '-nr 1' on a CPU with AMX "
+                             "(docs/speed.md)")
     parser.add_argument("--json", action="store_true",
                         help="print the figures as JSON instead of a table")
     args = parser.parse_args(argv)
@@ -414,7 +419,8 @@ def run(args: argparse.Namespace) -> None:
     rows = []
     for model in args.models:
         rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions, args.rounds,
-                                wheel_lib_env() if args.wheel_libs else None))
+                                wheel_lib_env() if args.wheel_libs else None,
+                                llama_bench_args=tuple(shlex.split(args.llama_bench_args))))
     machine = machine_info(args.threads, args.repetitions, args.rounds, version,
                            "the wheel's" if args.wheel_libs else "its own build")
     if args.json:

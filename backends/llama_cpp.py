@@ -18,24 +18,12 @@ import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
 from localinfer.backends.llama_devices import model_offload, uses_weight_buffers
+from localinfer.backends.llama_kv import kv_cache_types, kv_label
 from localinfer.backends.llama_threads import attach_shared_pool
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.models.gguf_checks import check_model
 
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
-# --kv-type -> ggml_type ids of (K, V). The 16-bit cache keeps K in bf16, not f16: ggml's CPU
-# flash attention gives one query row a KV-split kernel once 512 or more cells are in view, and a
-# 64-row batch a tiled one, but only when K is f16 (or f32) and V the same type. Otherwise every
-# row takes the row-by-row kernel, so a single decode step and a row of a verification batch
-# compute the same bits at any context length: what exact speculation and the prompt cache rest
-# on. Same size and quality, but a prompt's prefill loses the tiled kernel: 0.53x at 512 tokens,
-# 0.19x at 4,096 on SmolLM2 here. So a long prompt (LoadOptions.long_prompt) gets f16 K, and the
-# exactness probe, keyed by the cache's types, finds that its verification batches past 256 cells
-# are not single steps: such a run decodes without drafts (docs/speculative-decoding.md).
-# GPU builds keep f16 K: their attention kernels are instantiated for like K and V types, and the
-# exactness probe measures what their batches do.
-_GGML_KV_TYPES = {"f16": (30, 1), "q8_0": (8, 8), "q4_0": (2, 2)}
-_GGML_F16 = 1
 
 
 def engine():
@@ -234,7 +222,7 @@ class LlamaCppSession(GGUFVocabulary):
         cparams.swa_full = True
         cparams.type_k, cparams.type_v = kv_cache_types(options)
         # Flash attention, always: the kernels that read a quantized V cache, and the ones whose
-        # row-by-row path is batch-invariant (see _GGML_KV_TYPES).
+        # row-by-row path is batch-invariant (see llama_kv).
         cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
         return lib.llama_init_from_model(self._model, cparams)
 
@@ -364,21 +352,6 @@ class LlamaCppSession(GGUFVocabulary):
             self.close()
         except Exception:
             pass
-
-
-def kv_cache_types(options: LoadOptions) -> tuple[int, int]:
-    """ggml_type ids of the K and V cache for --kv-type on this build (see _GGML_KV_TYPES)."""
-    k, v = _GGML_KV_TYPES[options.kv_type]
-    if options.kv_type == "f16" and (options.long_prompt or engine().llama_supports_gpu_offload()):
-        k = _GGML_F16
-    return k, v
-
-
-def kv_label(options: LoadOptions) -> str:
-    """--kv-type, marked where a long prompt's 16-bit cache keeps K in f16 on a CPU build."""
-    if options.kv_type == "f16" and options.long_prompt and not engine().llama_supports_gpu_offload():
-        return "f16/f16"
-    return options.kv_type
 
 
 def default_threads() -> int:

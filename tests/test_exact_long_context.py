@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_prompt_cache import _generate, _prompts, _store
 
-from localinfer.backends import LoadOptions, llama_cpp
+from localinfer.backends import LoadOptions, llama_cpp, llama_kv
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel, load_model
@@ -129,7 +129,7 @@ def test_probe_finds_exact_batches_at_long_positions(variants, model):
 def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
     # f16 K and V (llama.cpp's default) put one-token steps past 256 tokens on the KV-split flash
     # attention kernel: no batch is exact there, and the probe must say so (1 = no drafting).
-    monkeypatch.setitem(llama_cpp._GGML_KV_TYPES, "f16", (1, 1))
+    monkeypatch.setitem(llama_kv._GGML_KV_TYPES, "f16", (1, 1))
     loaded = _load(smollm_path)
     try:
         tokens = exactness.probe_tokens(loaded.session)

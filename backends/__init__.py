@@ -41,7 +41,7 @@ class LoadOptions:
     kv_type: str = "f16"          # KV-cache element type: f16, q8_0 or q4_0
     gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
     long_prompt: bool = False     # the first eval is a long prefill: llama.cpp's 16-bit cache
-                                  # takes f16 K for the tiled attention kernel (llama_cpp.py)
+                                  # takes f16 K for the tiled attention kernel (llama_kv.py)
 
 
 class Session(Protocol):

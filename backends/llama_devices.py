@@ -161,7 +161,7 @@ def uses_weight_buffers() -> bool:
     Not where the engine offers AMX: the AMX matrix kernels of this llama.cpp (0.3.36's vendored
     copy) crash with SIGSEGV on the first batch of more than one token, every model and type we
     ship (measured on a Xeon with AMX under a Linux 6.18 VM). Without extra buffers the plain
-    AVX-512 kernels run instead; llama.cpp's own tools need `--no-repack` on such a CPU too.
+    AVX-512 kernels run instead; llama.cpp's own tools need `--no-repack` (llama-bench: `--repack 0`) there too.
     """
     return "AMX" not in cpu_weight_buffers()
 

@@ -395,7 +395,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="only build llama-bench and print its path")
     parser.add_argument("--llama-bench-args", default="",
                         help="more llama-bench options, one string: e.g. '-fa 1 -ctk bf16 -ctv f16' "
-                             "for localinfer's short-prompt cache, '-nr 1' on a CPU with AMX "
+                             "for localinfer's short-prompt cache, '--repack 0' on a CPU with AMX "
                              "(docs/speed.md)")
     parser.add_argument("--json", action="store_true",
                         help="print the figures as JSON instead of a table")

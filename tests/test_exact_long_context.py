@@ -142,8 +142,11 @@ def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
 @pytest.mark.parametrize("model", ["smollm-Q8_0", "gemma-Q4_0",
                                    pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("smollm-Q4_0", marks=EXHAUSTIVE)])
-def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, tmp_path):
-    session = llama_cpp.LlamaCppSession(variants[model], LoadOptions(n_ctx=2048))
+@pytest.mark.parametrize("long_prompt", [False, True], ids=["bf16-k", "f16-k"])
+def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, long_prompt, tmp_path):
+    """Both 16-bit caches: bf16 K (short prompts) and f16 K (a long prompt's, tiled prefill)."""
+    session = llama_cpp.LlamaCppSession(variants[model],
+                                        LoadOptions(n_ctx=2048, long_prompt=long_prompt))
     try:
         prompt, _ = _prompts(session)           # 1,100 tokens and more: past the switch
         store = _store(session, tmp_path)
@@ -157,7 +160,10 @@ def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, tmp_p
 
 # -- a long prompt: f16 K for the fast prefill, and then no inexact drafts -------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["smollm", "gemma"])
+@pytest.mark.parametrize("label", ["smollm", "gemma", "smollm-Q8_0",
+                                   pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
+                                   pytest.param("smollm-Q4_0", marks=EXHAUSTIVE),
+                                   pytest.param("gemma-Q4_0", marks=EXHAUSTIVE)])
 def test_a_long_prompt_prefills_with_f16_k_and_stays_exact(variants, label, tmp_path):
     """A prompt past LONG_PROMPT_BYTES loads a f16/f16 cache (ggml's tiled kernel prefills it
     several times faster); the probe then finds its batches past 256 cells unlike single steps,

@@ -89,8 +89,9 @@ class Backend:
     supports_architecture: Callable[[str], bool]
     load: Callable[[Path, LoadOptions], Session]
     describe: Callable[[], dict]   # facts for `localinfer devices`
-    # Why `auto` must not pick this backend on this machine (None: it may), e.g. MLX off Metal.
-    auto_blocker: Callable[[], str | None] = lambda: None
+    # Why `auto` must not pick this backend on this machine for the model file (None: no model
+    # yet), or None where it may, e.g. MLX off Metal, ONNX without an NPU that runs the model.
+    auto_blocker: Callable[[Path | None], str | None] = lambda path=None: None
 
 
 def _llama_cpp() -> Backend:
@@ -108,12 +109,12 @@ def _onnx() -> Backend:
     return onnx_backend.BACKEND
 
 
-# Registry in order of preference for `auto`. MLX comes first but `auto` takes it only where its
-# auto_blocker allows (Apple Silicon + Metal); ONNX Runtime only where an NPU runs the whole graph.
+# Registry in order of preference for `auto`, which takes each only where its auto_blocker
+# allows: MLX on Apple Silicon with Metal, ONNX Runtime where an NPU runs the model's whole graph.
 _REGISTRY: dict[str, Callable[[], Backend]] = {
     "mlx": _mlx,
-    "llama.cpp": _llama_cpp,
     "onnx": _onnx,
+    "llama.cpp": _llama_cpp,
 }
 
 BACKEND_CHOICES = ("auto", *_REGISTRY)
@@ -172,19 +173,20 @@ def _safe_available(name: str) -> bool:
         return False
 
 
-def auto_blockers(available: dict[str, bool]) -> dict[str, str]:
-    """For each installed backend `auto` must pass over on this machine: why."""
+def auto_blockers(available: dict[str, bool], path: Path | None = None) -> dict[str, str]:
+    """For each installed backend `auto` must pass over on this machine (for this model): why."""
     blocked = {}
     for name, ok in available.items():
-        reason = get(name).auto_blocker() if ok else None
+        reason = get(name).auto_blocker(path) if ok else None
         if reason:
             blocked[name] = reason
     return blocked
 
 
-def select(requested: str, architecture: str | None) -> tuple[Backend, Choice]:
+def select(requested: str, architecture: str | None,
+           path: Path | None = None) -> tuple[Backend, Choice]:
     available = available_backends()
     choice = choose(requested, architecture, available,
                     lambda name, arch: get(name).supports_architecture(arch),
-                    auto_blockers(available) if requested == "auto" else None)
+                    auto_blockers(available, path) if requested == "auto" else None)
     return get(choice.backend), choice

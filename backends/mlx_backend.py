@@ -241,7 +241,7 @@ def _supports_architecture(architecture: str) -> bool:
     return architecture in mlx_models.ARCHITECTURES
 
 
-def _auto_blocker() -> str | None:
+def _auto_blocker(path: Path | None = None) -> str | None:
     """`auto` takes MLX only on Apple Silicon with Metal; its CPU build is slower than llama.cpp."""
     if platform.system() != "Darwin" or platform.machine() != "arm64":
         return "picked automatically only on Apple Silicon with Metal; --backend mlx forces it"

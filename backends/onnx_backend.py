@@ -17,6 +17,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
+from localinfer.backends.onnx_devices import CPU, Target
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
 
 # Providers that run the dynamic graph (GroupQueryAttention, any number of tokens per call); any
@@ -32,7 +33,7 @@ class OnnxOptions:
     """How the export runs; the defaults are `--backend onnx`'s."""
 
     accuracy: int = 4              # MatMulNBits accuracy_level: 0 exact float32, 4 int8 activations
-    providers: tuple = ("CPUExecutionProvider",)   # ORT's list: names or (name, options) pairs
+    target: Target = CPU           # the provider and device (onnx_devices)
     form: str = "auto"             # "dynamic", "static", or by provider
     prefill_tokens: int = 64       # static form: tokens per prefill call
     session_config: tuple[tuple[str, str], ...] = ()   # ORT session config entries
@@ -153,7 +154,7 @@ class OnnxSession:
         return {"backend": "onnx", "engine": _versions(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx,
                 "n_batch": self.n_batch, "export": self.export_key, "form": self.form,
-                "providers": [str(p) for p in self._onnx.providers], "kv": "float32"}
+                "target": self._onnx.target.key, "kv": "float32"}
 
     def close(self) -> None:
         self._runner = None
@@ -207,19 +208,16 @@ def _runner(folder: Path, index, spec, n_ctx: int, options: LoadOptions, onnx: O
 
 
 def _session(graph: Path, options: LoadOptions, onnx: OnnxOptions):
-    import onnxruntime as ort
-
     from localinfer.backends.llama_cpp import default_threads
-    from localinfer.backends.onnx_runner import session_options
-    so = session_options(options.n_threads or default_threads(), dict(onnx.session_config))
-    return ort.InferenceSession(str(graph), so, providers=list(onnx.providers))
+    from localinfer.backends.onnx_devices import open_session
+    return open_session(graph, onnx.target, options.n_threads or default_threads(),
+                        config=dict(onnx.session_config))
 
 
 def graph_form(onnx: OnnxOptions) -> str:
     if onnx.form != "auto":
         return onnx.form
-    names = {p if isinstance(p, str) else p[0] for p in onnx.providers}
-    return "dynamic" if names <= DYNAMIC_PROVIDERS else "static"
+    return "dynamic" if onnx.target.provider in DYNAMIC_PROVIDERS else "static"
 
 
 def export_root() -> Path:
@@ -228,8 +226,9 @@ def export_root() -> Path:
 
 
 def _versions() -> str:
-    from importlib.metadata import version
-    return f"onnxruntime {version('onnxruntime')}, onnx {version('onnx')}"
+    import onnx
+    import onnxruntime      # its own version: an NPU build (openvino, qnn) has another package name
+    return f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}"
 
 
 # -- the registry's record --------------------------------------------------------------------------
@@ -248,40 +247,15 @@ def _supports_architecture(architecture: str) -> bool:
     return architecture in ARCHITECTURES
 
 
-# The onnxruntime builds that carry an NPU's execution provider (docs/gpu.md names the rest).
-NPU_DISTRIBUTIONS = ("onnxruntime-qnn", "onnxruntime-openvino", "onnxruntime-vitisai",
-                     "onnxruntime-winml")
-
-
-def _auto_blocker() -> str | None:
-    """`auto` takes ONNX only where an NPU runs the whole graph; on a CPU llama.cpp is the faster
-    engine. Checking an NPU provider's coverage is not built yet, so until then: never.
-
-    Every `run --backend auto` asks this, so it looks at the installed distributions first:
-    importing onnxruntime costs ~0.3 s and ~25 MiB of resident memory the memory estimate does
-    not count, which only a machine with an NPU build of onnxruntime pays."""
-    if not _npu_builds():
-        return "picked automatically only for an NPU, and no NPU build of onnxruntime is " \
-               f"installed ({', '.join(NPU_DISTRIBUTIONS)}); --backend onnx forces the CPU provider"
-    providers = _providers()
-    npu = [p for p in providers if p not in DYNAMIC_PROVIDERS | {"AzureExecutionProvider"}]
-    if not npu:
-        return "picked automatically only for an NPU, and onnxruntime here has no NPU provider " \
-               f"({', '.join(providers) or 'none'}); --backend onnx forces it"
-    return f"an NPU provider is installed ({', '.join(npu)}), but whether it runs the whole " \
-           "graph is not checked yet; --backend onnx forces the CPU provider"
-
-
-def _npu_builds() -> list[str]:
-    from importlib.metadata import PackageNotFoundError, version
-    found = []
-    for name in NPU_DISTRIBUTIONS:
-        try:
-            version(name)
-        except PackageNotFoundError:
-            continue
-        found.append(name)
-    return found
+def _auto_blocker(path: Path | None = None) -> str | None:
+    """`auto` takes ONNX only where an NPU runs the model's whole graph (onnx_npu); on a CPU
+    llama.cpp keeps the model: its KV-cache types, GPU layers and memory fit are not here."""
+    from localinfer.backends import onnx_npu
+    decision = onnx_npu.decide(path)
+    if decision.target is not None:
+        return None
+    return f"picked automatically only for an NPU that runs the whole graph: {decision.reason}; " \
+           "--backend onnx forces the CPU provider"
 
 
 def _providers() -> list[str]:
@@ -293,14 +267,32 @@ def _providers() -> list[str]:
 
 
 def _load(path: Path, options: LoadOptions) -> OnnxSession:
-    return OnnxSession(path, options)
+    """On the NPU that runs the whole graph, where there is one; else on the CPU provider."""
+    from localinfer.backends import onnx_npu
+    target = onnx_npu.decide(path, options.n_threads).target
+    return OnnxSession(path, options, OnnxOptions(target=target or CPU))
 
 
 def describe() -> dict:
+    from localinfer.backends import onnx_devices
     from localinfer.backends.onnx_arch import ARCHITECTURES
     return {"version": _versions(), "gpu_offload": False, "providers": _providers(),
+            "plugins": onnx_devices.register_plugins(),
+            "devices": [{"provider": t.provider, "type": t.kind, "vendor": t.vendor,
+                         "auto": _device_reason(t)} for t in onnx_devices.targets()],
             "architectures": sorted(ARCHITECTURES),
             "auto": _auto_blocker() or "auto may pick it on this machine"}
+
+
+def _device_reason(target: Target) -> str:
+    """Why `auto` would or would not run a model on this device."""
+    if target.kind == "NPU":
+        return "used for a model whose whole graph it runs (checked on the model's first run " \
+               "and remembered)"
+    if target.kind == "GPU":
+        return "not used: llama.cpp's GPU layers run models on GPUs"
+    return "not used by auto: llama.cpp runs models on the CPU (KV-cache types, memory fit); " \
+           "--backend onnx runs here"
 
 
 BACKEND = Backend(

@@ -95,6 +95,8 @@ def ensure_graph(folder: Path, index: WeightIndex, spec: Spec, form: Form) -> Pa
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         tmp.write_bytes(model.SerializeToString())
+        for compiled in folder.glob(f"{target.stem}.*.ctx.onnx"):   # an NPU's build of the old one
+            compiled.unlink()
         os.replace(tmp, target)
     except OSError as e:
         tmp.unlink(missing_ok=True)

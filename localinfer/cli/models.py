@@ -84,6 +84,15 @@ def devices(as_json: bool = json_option()) -> None:
     _show_devices(machine.detect(), as_json=as_json)
 
 
+def _onnx_device_rows(onnx: dict) -> list[list[str]]:
+    """ONNX Runtime's devices and plugin libraries, each with whether `auto` would use it."""
+    rows = [[f"onnx {d['type']}", f"{d['provider']}{' · ' + d['vendor'] if d['vendor'] else ''}"
+                                  f" · {d['auto']}"] for d in onnx.get("devices", [])]
+    rows += [["onnx plugin", f"{name}: {problem or 'registered'}"]
+             for name, problem in onnx.get("plugins", {}).items()]
+    return rows
+
+
 def _show_devices(facts: dict, *, as_json: bool) -> None:
     from localinfer.cli.gpu import device_rows, say_rebuild_hint
     if as_json:
@@ -109,6 +118,7 @@ def _show_devices(facts: dict, *, as_json: bool) -> None:
             gpu = "Metal" if entry.get("metal") else "CPU build (no Metal)"
             gpu += f"; runs {', '.join(entry.get('architectures', []))}"
         rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
+    rows += _onnx_device_rows(facts["backends"].get("onnx", {}))
     rows += device_rows(facts.get("devices", []))
     use = facts["run_would_use"]
     rows.append(["run would use", f"{use['backend']}: {use['reason']}"])

@@ -24,7 +24,7 @@ class LoadedModel:
 
 def load_model(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions) -> LoadedModel:
     arch = str(read_header(path).metadata.get("general.architecture", "")) or None
-    chosen, choice = backends.select(backend, arch)
+    chosen, choice = backends.select(backend, arch, path)
     start = time.perf_counter()
     session = chosen.load(path, options)
     return LoadedModel(ref, path, session, choice.backend, choice.reason,

@@ -52,7 +52,11 @@ def bench(
     """Measure prefill and decode speed and time to first token."""
     from localinfer.cli.gpu import offload_facts, say_offload
     from localinfer.measure import bench as speed
-    options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads)
+    from localinfer.engine.prompt import LONG_PROMPT_TOKENS
+    # The cache `run` would load for a prompt this long (pp512: f16 K), so pp figures are a user's;
+    # --draft measures its own prompts (short ones), on the exact cache drafting needs.
+    options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads,
+                          long_prompt=draft == "none" and n_prompt >= LONG_PROMPT_TOKENS)
     loaded = open_model(model, backend=backend, offline=offline, options=options,
                         gpu_layers=gpu_layers)
     if draft != "none":

@@ -58,6 +58,7 @@ _MAX_CUTS = 8
 # prefill than speculation can win back: it loads with LoadOptions.long_prompt (f16 K, tiled
 # attention, no drafts past 256 cells). Measured in docs/speculative-decoding.md.
 LONG_PROMPT_BYTES = 2048
+LONG_PROMPT_TOKENS = LONG_PROMPT_BYTES // 4   # the same bound for `bench`'s prompts of token ids
 
 
 @dataclass(frozen=True)

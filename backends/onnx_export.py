@@ -30,7 +30,7 @@ from localinfer.backends.onnx_store import WeightIndex, WeightWriter, read_index
 from localinfer.errors import ModelLoadError
 from localinfer.models.gguf_header import Header
 
-EXPORTER_VERSION = 2          # bump when the weights or graphs change: old exports become stale
+EXPORTER_VERSION = 3          # bump when the weights or graphs change: old exports become stale
 MAX_GRAPH_BYTES = 64 << 20    # a graph file holds no weights: a few hundred kilobytes
 _ABANDONED_S = 24 * 3600
 

@@ -93,13 +93,19 @@ def static(spec: Spec, weights, accuracy: int, tokens: int, slots: int, metadata
     return g.model("localinfer-static", metadata)
 
 
+# Only the kinds of layer the model has get inputs: OpenVINO misbinds a graph's inputs when one of
+# them is read by no node (a model whose every layer slides would leave the global ones unread).
 def rope_inputs(spec: Spec) -> tuple[str, ...]:
-    local = ("cos_local", "sin_local") if any(spec.local) else ()
-    return ("cos_global", "sin_global", *local)
+    return tuple(f"{t}_{kind}" for kind in layer_kinds(spec) for t in ("cos", "sin"))
 
 
 def mask_inputs(spec: Spec) -> tuple[str, ...]:
-    return ("attn_mask", "attn_mask_local") if any(spec.local) else ("attn_mask",)
+    return tuple("attn_mask_local" if kind == "local" else "attn_mask" for kind in layer_kinds(spec))
+
+
+def layer_kinds(spec: Spec) -> tuple[str, ...]:
+    """"global" if any layer attends to the whole context, "local" if any slides."""
+    return (*(("global",) if not all(spec.local) else ()), *(("local",) if any(spec.local) else ()))
 
 
 def kv_outputs(spec: Spec, prefix: str) -> list[str]:

@@ -131,9 +131,10 @@ def embed(g: Graph, ids: str, name: str) -> str:
         return g.op("Transpose", [cols], perm=[1, 2, 0])
     codes = g.op("Gather", [g.weight(name + ".codes"), ids])           # [1, S, blocks, bytes]
     if m.bits == 4:
-        low = g.op("BitShift", [g.op("BitShift", [codes, g.const(4, np.uint8)], direction="LEFT"),
-                                g.const(4, np.uint8)], direction="RIGHT")
+        # low = codes - 16 * high, not (codes << 4) >> 4: OpenVINO's left shift of a uint8
+        # saturates (0xA5 << 4 gives 255, not 0x50).
         high = g.op("BitShift", [codes, g.const(4, np.uint8)], direction="RIGHT")
+        low = g.op("Sub", [codes, g.op("Mul", [high, g.const(16, np.uint8)])])
         pairs = g.op("Concat", [g.op("Unsqueeze", [low, g.const([-1])]),
                                 g.op("Unsqueeze", [high, g.const([-1])])], axis=-1)
         codes = g.op("Reshape", [pairs, g.const([0, 0, 0, m.block])])

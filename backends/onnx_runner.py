@@ -13,21 +13,21 @@ from typing import Sequence
 import numpy as np
 
 from localinfer.backends.onnx_arch import Spec
-from localinfer.backends.onnx_forms import kv_outputs, mask_inputs
+from localinfer.backends.onnx_forms import kv_outputs, layer_kinds, mask_inputs
 
 MASKED = -1e30                 # additive mask: finite, so a fully masked padding row stays finite
 
 
 def rope_tables(spec: Spec, n_positions: int, factors: np.ndarray | None) -> dict[str, np.ndarray]:
-    """cos/sin [positions, head_dim/2] for the global layers, and the local ones where present.
+    """cos/sin [positions, head_dim/2] for each kind of layer the model has (global, local).
 
     theta = position * scale * base^(-2i/head_dim) / factor_i, as llama.cpp's rope (its freq
     factors are Llama 3's rope_freqs; sliding-window layers use their own base and no scaling).
     """
     tables = {}
-    bases = [("global", spec.rope_base, spec.rope_scale, factors)]
-    if any(spec.local):
-        bases.append(("local", spec.local_rope_base, 1.0, None))
+    bases = {"global": (spec.rope_base, spec.rope_scale, factors),
+             "local": (spec.local_rope_base, 1.0, None)}
+    bases = [(kind, *bases[kind]) for kind in layer_kinds(spec)]
     dims = np.arange(0, spec.head_dim, 2, dtype=np.float64) / spec.head_dim
     positions = np.arange(n_positions, dtype=np.float64)
     for name, base, scale, ff in bases:
@@ -148,7 +148,8 @@ class StaticRunner:
         for name in self._tables:
             half = self._tables[name][positions]
             io.bind_cpu_input(name, np.concatenate([half, half], axis=-1)[None])
-        for name, window in zip(mask_inputs(self.spec), (0, self.spec.window)):
+        for name in mask_inputs(self.spec):
+            window = self.spec.window if name == "attn_mask_local" else 0
             io.bind_cpu_input(name, self._mask(t, n_past, window))
         session.run_with_iobinding(io)
         for buf, rows in zip(self.buffers, new):

@@ -2,9 +2,11 @@
 """Replay recorded static-graph calls on the OpenVINO execution provider with CPU fallback off.
 
 Runs inside the venv scripts/openvino_check.py makes (onnxruntime-openvino and numpy, nothing of
-localinfer: that package replaces onnxruntime, so it cannot share the project's env). The check
-writes WORK/calls.json and WORK/feeds.npz: for each session call the CPU provider made, which graph
-file, the cache position (n_past) and rows (n), and every input except the KV cache. This script
+localinfer: that package replaces onnxruntime, so it cannot share the project's env). Both sides of
+the calls' format are here: the check imports recording() and save_calls() (onnxruntime and numpy
+only) and writes with them, in the project's env, WORK/calls.json and WORK/feeds.npz: for each
+session call the CPU provider made, which graph file, the cache position (n_past) and rows (n),
+and every input except the KV cache (a real model's or a --tiny config's alike). This script
 owns its own cache, as StaticRunner does: each call gets the whole cache as past_* and the n new
 rows it returns as new_* are written at n_past (StaticRunner._call's last loop, the only logic
 copied). Ids, masks and rope rows are the project's own, recorded, so none of that is duplicated.
@@ -21,6 +23,7 @@ without CPU fallback, prints {"error": ORT's first line} and exits 3.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -33,6 +36,60 @@ import onnxruntime as ort
 PROVIDER = "OpenVINOExecutionProvider"
 
 
+# -- the recording side, run by openvino_check.py in the project's env (no OpenVINO there) -----
+@contextlib.contextmanager
+def recording(calls: list):
+    """ORT sessions made inside record, per run, the graph and every non-cache input they got.
+
+    StaticRunner binds the cache once (bind_ortvalue_input) and everything else each call
+    (bind_cpu_input), so the per-call inputs are exactly what bind_cpu_input sees."""
+    base = ort.InferenceSession
+
+    class Binding:
+        def __init__(self, real):
+            self.real, self.inputs = real, {}
+
+        def bind_cpu_input(self, name, array):
+            self.inputs[name] = np.array(array, copy=True)
+            self.real.bind_cpu_input(name, array)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    class Recording(base):
+        def __init__(self, path, *args, **kwargs):
+            super().__init__(path, *args, **kwargs)
+            self.graph = str(path)
+
+        def io_binding(self):
+            return Binding(super().io_binding())
+
+        def run_with_iobinding(self, io, *args, **kwargs):
+            calls.append((self.graph, dict(io.inputs)))
+            return super().run_with_iobinding(io.real, *args, **kwargs)
+
+    ort.InferenceSession = Recording
+    try:
+        yield
+    finally:
+        ort.InferenceSession = base
+
+
+def save_calls(calls: list, work: Path) -> None:
+    """calls.json and feeds.npz for the runner. Every call is full (one T-token prefill, then
+    T=1), so its rows n are its width and n_past their running sum; the runner needs both."""
+    assert calls, "no call recorded: does StaticRunner still run through io_binding()?"
+    meta, arrays, n_past = [], {}, 0
+    for i, (graph, inputs) in enumerate(calls):
+        n = inputs["input_ids"].shape[1]
+        meta.append({"graph": graph, "n_past": n_past, "n": n, "inputs": sorted(inputs)})
+        arrays.update({f"{i}:{k}": v for k, v in inputs.items()})
+        n_past += n
+    (work / "calls.json").write_text(json.dumps(meta))
+    np.savez(work / "feeds.npz", **arrays)
+
+
+# -- the replay side, run here in the OpenVINO venv -----------------------------------------------
 def session(graph: str, threads: int, options: dict[str, str], strict: bool = True):
     """The graph on OpenVINO's CPU device; strict: every node on OpenVINO or no session at all."""
     so = ort.SessionOptions()

@@ -42,6 +42,7 @@ class LoadOptions:
     gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
     long_prompt: bool = False     # the first eval is a long prefill: llama.cpp's 16-bit cache
                                   # takes f16 K for the tiled attention kernel (llama_kv.py)
+    n_seq: int = 1                # KV sequences in the context (llama_batched: one per request)
 
 
 class Session(Protocol):

@@ -1,0 +1,92 @@
+"""Several sequences in one llama.cpp context: what continuous batching decodes with.
+
+One model, one context with `n_seq` KV sequences (llama.cpp's multi-sequence batches; the cells
+are one unified pool, so a short request leaves room to a long one). Each `decode` call is one
+`llama_decode` over pieces of any sequences (a decode step of one token for each running request,
+a chunk of a new request's prompt) and returns the logits of each piece's last token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from localinfer.backends import LoadOptions
+from localinfer.backends.llama_cpp import MAX_OUTPUTS, LlamaCppSession, engine
+from localinfer.errors import LocalinferError, UsageError
+
+MAX_SEQUENCES = MAX_OUTPUTS        # every sequence may need one output row in the same decode
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens of one sequence at positions `pos`...; `logits`: wanted after its last token."""
+
+    seq: int
+    tokens: Sequence[int]
+    pos: int
+    logits: bool = True
+
+
+class SequenceBatch:
+    """A loaded model whose context holds `n_seq` independent sequences (ids 0..n_seq-1)."""
+
+    def __init__(self, path: Path, options: LoadOptions, n_seq: int) -> None:
+        if not 1 <= n_seq <= MAX_SEQUENCES:
+            raise UsageError(f"--parallel must be between 1 and {MAX_SEQUENCES}")
+        self.session = LlamaCppSession(path, replace(options, n_seq=n_seq))
+        self.n_seq, self.n_ctx, self.n_batch = n_seq, self.session.n_ctx, self.session.n_batch
+        lib = engine()
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._mem = lib.llama_get_memory(self.session._ctx)
+
+    def decode(self, pieces: Sequence[Piece]) -> list[np.ndarray | None]:
+        """One llama_decode over every piece (at most n_batch tokens in all); for each piece in
+        the order given, a copy of the logits after its last token (None where not wanted)."""
+        lib, batch = engine(), self._batch
+        n = 0
+        for piece in pieces:
+            last = len(piece.tokens) - 1
+            for i, token in enumerate(piece.tokens):
+                batch.token[n], batch.pos[n] = token, piece.pos + i
+                batch.n_seq_id[n], batch.seq_id[n][0] = 1, piece.seq
+                batch.logits[n] = piece.logits and i == last
+                n += 1
+        if not 0 < n <= self.n_batch:
+            raise LocalinferError(f"a batch of {n} tokens (1 to {self.n_batch} fit)")
+        batch.n_tokens = n
+        rc = lib.llama_decode(self.session._ctx, batch)
+        if rc != 0:
+            raise LocalinferError(f"llama_decode failed with code {rc}"
+                                  + (" (the context is full)" if rc == 1 else ""))
+        self.session._row0_view = None       # the single-sequence view's rows moved
+        rows, end = [], 0
+        for piece in pieces:
+            end += len(piece.tokens)
+            rows.append(self._row(end - 1) if piece.logits else None)
+        return rows
+
+    def _row(self, i: int) -> np.ndarray:
+        ptr = engine().llama_get_logits_ith(self.session._ctx, i)   # after the batch's i-th token
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        row = (ctypes.c_float * self.session.n_vocab).from_address(addr)
+        return np.frombuffer(row, dtype=np.float32).copy()
+
+    def forget(self, seq: int) -> None:
+        """Free every cell of `seq`: a finished or cancelled request gives its room back at once."""
+        engine().llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def share(self, src: int, dst: int, n_tokens: int) -> None:
+        """`dst` starts with the first n_tokens of `src` (a shared prompt prefix; the unified
+        pool shares the cells, nothing is copied)."""
+        engine().llama_memory_seq_cp(self._mem, src, dst, 0, n_tokens)
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            engine().llama_batch_free(self._batch)
+            self._batch = None
+        self.session.close()

@@ -1,0 +1,166 @@
+"""Continuous batching: many requests decoded together, one token each per `llama_decode`.
+
+Every step advances each running request by one token and, with what is left of the batch, a
+chunk of a new request's prompt, so a long prompt does not freeze the others; a request that
+finishes frees its sequence at once and the next waiting one takes it between two steps. Each
+request has its own sampler, stop strings and limits (the `Emitter` of plain decoding, so it ends,
+streams and counts the same way). Prompts that start with the shared prefix (a template's fixed
+beginning) get its cells from the prefix's own sequence instead of evaluating it again.
+
+Speculation is off here: with several sequences in one batch the verify step would pay a draft
+batch for each of them, and the batch is already what keeps the hardware busy.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from localinfer.backends.llama_batched import Piece, SequenceBatch
+from localinfer.engine.decode import Emitter, Limits, Stats
+from localinfer.engine.sampling import Sampler
+
+PREFILL_CHUNK = 256          # prompt tokens one request may add to a step
+
+
+@dataclass
+class Job:
+    """One prompt to answer; `text`, `stats` and `error` are filled in as it runs."""
+
+    prompt: list[int]
+    sampler: Sampler
+    limits: Limits
+    on_text: Callable[[str], None] | None = None
+    index: int = 0                # the caller's number for it (map: its input line)
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+    error: str | None = None
+
+
+class _SeqView:
+    """What an Emitter reads of a session, for one sequence: its share of the context."""
+
+    def __init__(self, session, n_ctx: int) -> None:
+        self.session = self
+        self._s, self.n_ctx = session, n_ctx
+
+    def is_eog(self, token: int) -> bool:
+        return self._s.is_eog(token)
+
+    def piece(self, token: int) -> bytes:
+        return self._s.piece(token)
+
+
+@dataclass
+class _Running:
+    job: Job
+    seq: int
+    pos: int                  # next position to fill
+    pending: list[int]        # prompt tokens not evaluated yet
+    emit: Emitter
+    shared: int               # prompt tokens the prefix's sequence gave it
+
+
+class Scheduler:
+    """Runs jobs on a SequenceBatch of `parallel` request sequences (plus one for the prefix)."""
+
+    def __init__(self, batch: SequenceBatch, *, prefix: Sequence[int] = (),
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+        self.batch, self.prefill_chunk = batch, prefill_chunk
+        self.parallel = batch.n_seq - 1
+        self.seq_ctx = batch.n_ctx // self.parallel     # each request's share: admission never
+        self.prefix: list[int] = []                     # overfills the unified pool
+        self._prefix_seq = self.parallel
+        if len(prefix) > 1:
+            self._eval_prefix(list(prefix))
+
+    def _eval_prefix(self, prefix: list[int]) -> None:
+        for start in range(0, len(prefix), self.batch.n_batch):
+            chunk = prefix[start:start + self.batch.n_batch]
+            self.batch.decode([Piece(self._prefix_seq, chunk, start, logits=False)])
+        self.prefix = prefix
+
+    def run(self, jobs: Iterable[Job], on_done: Callable[[Job], None] = lambda job: None) -> None:
+        """Answer every job, up to `parallel` at a time; on_done(job) as each one ends."""
+        waiting, running = deque(jobs), {}
+        free = list(range(self.parallel))[::-1]
+        while waiting or running:
+            while free and waiting:
+                job = waiting.popleft()
+                if self._refused(job):
+                    on_done(job)
+                    continue
+                seq = free.pop()
+                running[seq] = self._start(job, seq)
+            if not running:
+                continue
+            for seq in self._step(list(running.values())):
+                done = running.pop(seq)
+                self.batch.forget(seq)
+                free.append(seq)
+                on_done(done.job)
+
+    def _refused(self, job: Job) -> bool:
+        if not job.prompt:
+            job.error = "the prompt is empty"
+        elif len(job.prompt) >= self.seq_ctx:
+            job.error = (f"the prompt is {len(job.prompt):,} tokens, more than the "
+                         f"{self.seq_ctx:,} each request has (raise --ctx or lower --parallel)")
+        return job.error is not None
+
+    def _start(self, job: Job, seq: int) -> _Running:
+        shared = _common(job.prompt, self.prefix, len(job.prompt) - 1)
+        if shared:
+            self.batch.share(self._prefix_seq, seq, shared)
+        job.stats = Stats(prompt_tokens=len(job.prompt))
+        emit = Emitter(_SeqView(self.batch.session, self.seq_ctx), job.prompt, job.limits,
+                       job.stats)
+        job.tokens = emit.tokens
+        return _Running(job, seq, shared, job.prompt[shared:], emit, shared)
+
+    def _step(self, running: list[_Running]) -> list[int]:
+        """One llama_decode for every running request; the sequences that finished."""
+        pieces, owners = [], []
+        decoding = [r for r in running if not r.pending]
+        room = self.batch.n_batch - len(decoding)
+        for r in decoding:
+            pieces.append(Piece(r.seq, [r.emit.tokens[-1]], r.pos))
+            owners.append(r)
+        for r in running:
+            if r.pending and room > 0:
+                take = min(len(r.pending), self.prefill_chunk, room)
+                chunk, r.pending = r.pending[:take], r.pending[take:]
+                pieces.append(Piece(r.seq, chunk, r.pos, logits=not r.pending))
+                owners.append(r)
+                room -= take
+        finished = []
+        for r, piece, logits in zip(owners, pieces, self.batch.decode(pieces)):
+            r.pos += len(piece.tokens)
+            if logits is None:
+                continue
+            if not r.emit.tokens:
+                r.emit.prefilled(r.shared)
+            if self._take(r, r.job.sampler(logits, r.emit.history)):
+                finished.append(r.seq)
+        return finished
+
+    def _take(self, r: _Running, token: int) -> bool:
+        text, done = r.emit.take(token)
+        if done:
+            text += r.emit.tail()
+        if text:
+            r.job.text += text
+            if r.job.on_text:
+                r.job.on_text(text)
+        return done
+
+
+def _common(a: Sequence[int], b: Sequence[int], most: int) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or n >= most:
+            break
+        n += 1
+    return n

@@ -109,3 +109,29 @@ def test_map_refusals(models_home, args, words):
 def test_map_with_no_lines_answers_nothing(models_home):
     result = run_cli("map", "smollm2", "Say {}", "--offline")      # stdin empty, as `< /dev/null`
     assert result.returncode == 0 and result.stdout == "", result.stderr
+
+
+def test_jobs_arrive_while_others_run_and_cancelled_ones_free_their_sequence(smollm_path):
+    """What a server needs: requests handed over between steps, and a request whose client left
+    freed at once, the next one served with full capacity."""
+    batch = SequenceBatch(smollm_path, LoadOptions(n_ctx=256 * 2), 3)
+    prompt = chat_tokens(batch.session, messages_for("Tell me a long story.", None))
+    first = [Job(prompt, make_sampler(GREEDY), Limits(40)) for _ in range(2)]
+    late = [Job(prompt, make_sampler(GREEDY), Limits(6)) for _ in range(3)]
+    steps, done = [], []
+
+    def arrivals(idle: bool):
+        steps.append(idle)
+        if len(steps) == 3:
+            first[0].cancelled = True        # its client is gone after a few tokens
+            return late
+        return None if idle else []
+
+    Scheduler(batch).run(first, done.append, arrivals)
+    assert first[0].stats.finish_reason == "cancelled" and len(first[0].tokens) < 40
+    assert first[1].stats.finish_reason == "length" and len(first[1].tokens) == 40
+    assert [len(j.tokens) for j in late] == [6, 6, 6] and len(done) == 5
+    assert all(j.stats.finish_reason == "length" and j.text for j in late)
+    mem = engine().llama_get_memory(batch.session._ctx)
+    assert [engine().llama_memory_seq_pos_max(mem, s) for s in range(2)] == [-1, -1]
+    batch.close()

@@ -33,6 +33,7 @@ class Job:
     limits: Limits
     on_text: Callable[[str], None] | None = None
     index: int = 0                # the caller's number for it (map: its input line)
+    cancelled: bool = False       # set from another thread (a client gone): freed before a step
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
@@ -82,14 +83,28 @@ class Scheduler:
             self.batch.decode([Piece(self._prefix_seq, chunk, start, logits=False)])
         self.prefix = prefix
 
-    def run(self, jobs: Iterable[Job], on_done: Callable[[Job], None] = lambda job: None) -> None:
-        """Answer every job, up to `parallel` at a time; on_done(job) as each one ends."""
+    def run(self, jobs: Iterable[Job], on_done: Callable[[Job], None] = lambda job: None,
+            arrivals: Callable[[bool], list[Job] | None] | None = None) -> None:
+        """Answer every job, up to `parallel` at a time; on_done(job) as each one ends.
+
+        `arrivals(idle)`, asked between steps, hands over jobs that came in meanwhile (a server's
+        requests); idle says nothing is left to run, so it should block until one comes. None: no
+        more will come, and the run ends once the jobs it has are done."""
         waiting, running = deque(jobs), {}
         free = list(range(self.parallel))[::-1]
-        while waiting or running:
+        while waiting or running or arrivals:
+            if arrivals:
+                came = arrivals(not (waiting or running))
+                if came is None:
+                    arrivals = None
+                else:
+                    waiting.extend(came)
+            for seq in [s for s, r in running.items() if r.job.cancelled]:
+                self._finish(running, free, seq, "cancelled", on_done)
             while free and waiting:
                 job = waiting.popleft()
-                if self._refused(job):
+                if job.cancelled or self._refused(job):
+                    job.stats.finish_reason = "cancelled" if job.cancelled else ""
                     on_done(job)
                     continue
                 seq = free.pop()
@@ -97,10 +112,17 @@ class Scheduler:
             if not running:
                 continue
             for seq in self._step(list(running.values())):
-                done = running.pop(seq)
-                self.batch.forget(seq)
-                free.append(seq)
-                on_done(done.job)
+                self._finish(running, free, seq, None, on_done)
+
+    def _finish(self, running: dict, free: list[int], seq: int, reason: str | None,
+                on_done: Callable[[Job], None]) -> None:
+        """A request is over: its sequence's cells go back to the pool before the next step."""
+        done = running.pop(seq)
+        self.batch.forget(seq)
+        free.append(seq)
+        if reason:
+            done.job.stats.finish_reason = reason
+        on_done(done.job)
 
     def _refused(self, job: Job) -> bool:
         if not job.prompt:

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "localinfer"
 # Lowest first. A module may import its own package and any package before it; `backends` is the
 # engine boundary (installed as localinfer.backends from ROOT/backends).
 LAYERS = ["errors", "units", "settings", "models", "backends", "quant", "engine", "cache",
-          "speculate", "fit", "measure", "cli"]
+          "speculate", "fit", "measure", "server", "cli"]
 TERMINAL = ("typer", "rich", "click")
 MAX_LINES = 420
 

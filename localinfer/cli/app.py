@@ -14,7 +14,7 @@ import traceback
 import typer
 
 from localinfer import settings
-from localinfer.cli import batch, cache, console, generate, measure, models, shell
+from localinfer.cli import batch, cache, console, generate, measure, models, serve, shell
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
 
 # typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's,
@@ -46,6 +46,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
 # In the order `localinfer --help` lists them.
 generate.register(app)
 batch.register(app)
+serve.register(app)
 models.register(app)
 measure.register(app)
 app.add_typer(cache.app, name="cache")

@@ -1,0 +1,88 @@
+"""`serve`: the model behind an OpenAI-compatible HTTP API, requests batched continuously."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+from typing import Optional
+
+import typer
+
+from localinfer.cli import console
+from localinfer.cli.options import (ctx_option, fit_model, memory_option, offline_option,
+                                    quant_option, threads_option)
+from localinfer.errors import UsageError
+
+DEFAULT_MODEL = "smollm2"
+KEY_ENV = "LOCALINFER_API_KEY"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+
+
+def serve(
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalogue name or alias[:QUANT], or a .gguf path."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; any other than "
+                             "loopback needs --api-key."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    parallel: int = typer.Option(4, "--parallel", "-P", min=1, max=63,
+                                 help="Requests decoded together."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help=f"Bearer token every endpoint "
+                                          f"but /health requires (or {KEY_ENV})."),
+    cors: Optional[str] = typer.Option(None, "--cors", help="Origin allowed by CORS headers."),
+    queue: int = typer.Option(64, "--queue", min=0, help="Requests that may wait for a free "
+                              "slot; beyond them, 429."),
+    ctx: int = ctx_option(4096, 64, "Context of each request."),
+    threads: int = threads_option(),
+    offline: bool = offline_option("Never download; fail if not on disk."),
+    quant: str = quant_option(),
+    memory_: Optional[str] = memory_option(),
+) -> None:
+    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    key = api_key or os.environ.get(KEY_ENV) or None
+    if not _loopback(host) and not key:
+        raise UsageError(f"listening on {host} needs --api-key (or {KEY_ENV}): anyone who can "
+                         "reach it could use the model")
+    import uvicorn
+
+    from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.models import refs
+    from localinfer.server.api import Served, make_app
+    from localinfer.server.worker import Worker
+    ref, options, _ = fit_model(model, quant=quant, ctx=ctx * parallel, kv_type=None,
+                                memory_budget=memory_, threads=threads, verbose=False,
+                                offline=offline)
+    path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
+                       notify=console.note)
+    batch = SequenceBatch(path, options, parallel + 1)
+    worker = Worker(batch, parallel + queue)
+    names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))
+    served = Served(worker, batch.session, names, batch.n_ctx // parallel, key)
+    console.note(f"serving {names[0]} on http://{host}:{port}/v1 ({parallel} at a time)")
+    # uvicorn stops on SIGINT/SIGTERM gracefully (no new connections, streams given 10 s), then
+    # raises the signal again for the handler it found; a stop asked for is a normal end: exit 0.
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.run(make_app(served, cors), host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=10)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        worker.stop()
+        batch.close()
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _aliases(ref) -> list[str]:
+    spec = getattr(ref, "spec", None)
+    return [spec.name, *getattr(spec, "aliases", ())] if spec else []

@@ -1,0 +1,73 @@
+"""The scheduler in a thread of its own, fed by a bounded queue of jobs from the HTTP handlers."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable
+
+from localinfer.backends.llama_batched import SequenceBatch
+from localinfer.engine.scheduler import Job, Scheduler
+
+_STOP = object()
+
+
+class Worker:
+    """Runs every submitted job on the model; `submit` refuses a job when `capacity` (the slots
+    and the waiting room) are all taken by jobs not yet done."""
+
+    def __init__(self, batch: SequenceBatch, capacity: int) -> None:
+        self.batch, self.capacity = batch, capacity
+        self._queue: queue.Queue = queue.Queue()
+        self._callbacks: dict[int, tuple[Job, Callable[[Job], None]]] = {}
+        self._stopping = False
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="localinfer-scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job, on_done: Callable[[Job], None]) -> bool:
+        """Queue a job (on_done(job) is called from the scheduler's thread); False when full."""
+        with self._lock:
+            if len(self._callbacks) >= self.capacity:
+                return False
+            self._callbacks[id(job)] = job, on_done
+        self._queue.put(job)
+        return True
+
+    def stop(self) -> None:
+        """No more jobs: those running finish (or are cancelled by their handlers), then it ends."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        try:
+            Scheduler(self.batch).run([], self._done, self._arrivals)
+        except BaseException as e:        # the engine failed: later requests get a 500
+            self.error = e
+            with self._lock:
+                pending, self._callbacks = list(self._callbacks.values()), {}
+            for job, on_done in pending:
+                job.error = f"the model failed: {e}"
+                on_done(job)
+
+    def _done(self, job: Job) -> None:
+        with self._lock:
+            _, on_done = self._callbacks.pop(id(job))
+        on_done(job)
+
+    def _arrivals(self, idle: bool) -> list[Job] | None:
+        """What came in since the last step; blocks while there is nothing to do."""
+        if self._stopping:
+            return None
+        came, block = [], idle
+        while True:
+            try:
+                item = self._queue.get(block=block)
+            except queue.Empty:
+                return came
+            if item is _STOP:
+                self._stopping = True
+                return came or None
+            came.append(item)
+            block = False

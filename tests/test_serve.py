@@ -1,0 +1,196 @@
+"""`localinfer serve` as a live process on a free port, driven by the official `openai` client and
+by raw HTTP for what a client library would never send."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import MODELS_HOME
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct:Q4_1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "smollm2", "--offline",
+                             "--port", str(port), "--ctx", "512", *args],
+                            env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), **(env or {})},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return proc, url
+        except (urllib.error.URLError, ConnectionError):
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read())
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
+@pytest.fixture(scope="module")
+def server(models_home):
+    proc, url = _start("--parallel", "2", "--queue", "2")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+def _post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_a_whole_chat_completion_is_greedy_and_counted(client, models_home):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+               temperature=0, max_tokens=12)
+    first, second = (client.chat.completions.create(**ask) for _ in range(2))
+    assert first.choices[0].message.content == second.choices[0].message.content != ""
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert first.usage.completion_tokens <= 12 and first.usage.prompt_tokens > 5
+    from conftest import run_cli
+    run = run_cli("run", "smollm2", "Name a colour.", "--temp", "0", "-n", "12", "--offline",
+                  "--draft", "none")
+    assert first.choices[0].message.content == run.stdout.rstrip("\n")
+
+
+def test_a_streamed_chat_completion_adds_up_to_the_whole_one(client):
+    ask = dict(model=MODEL, messages=[{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "What is rain?"}],
+               temperature=0, max_tokens=16)
+    whole = client.chat.completions.create(**ask).choices[0].message.content
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_completion_with_a_stop_string(client):
+    done = client.completions.create(model=MODEL, prompt="One, two, three, four,", temperature=0,
+                                     max_tokens=20, stop=[","])
+    assert "," not in done.choices[0].text and done.choices[0].finish_reason == "stop"
+
+
+def test_an_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"not json", "not JSON"),
+    (b"[1, 2]", "JSON object"),
+    (json.dumps({"model": MODEL}).encode(), "'messages'"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}).encode(), "role"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": 5}]}).encode(), "content"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                 "temperature": "hot"}).encode(), "temperature"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}).encode(), "n = 1"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x " * 2000}]}).encode(),
+     "a request here may use"),
+])
+def test_bad_bodies_are_400s_in_openai_shape(server, body, words):
+    status, reply = _post(server + "/v1/chat/completions", body)
+    assert status == 400 and words in reply["error"]["message"], reply
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(client, server):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}],
+        temperature=0, max_tokens=400, stream=True)
+    next(iter(stream))
+    stream.close()                       # gone after the first chunk
+    time.sleep(0.5)
+    # Both slots (and the queue) serve again at once: two requests side by side finish.
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        temperature=0))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(answers) == 2 and all(a.usage.completion_tokens >= 1 for a in answers)
+
+
+def test_off_loopback_needs_an_api_key(models_home):
+    from conftest import run_cli
+    refused = run_cli("serve", "smollm2", "--host", "0.0.0.0", "--offline")
+    assert refused.returncode == 2 and "needs --api-key" in refused.stderr
+    proc, url = _start("--api-key", "s3cret")
+    try:
+        assert urllib.request.urlopen(url + "/health").status == 200
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        keyed = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert [m.id for m in keyed.models.list()] == [MODEL]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_beyond_the_slots_and_the_queue_requests_get_429_and_the_server_recovers(server, client):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Tell a story."}],
+                       "max_tokens": 60, "temperature": 0}).encode()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(
+        _post_with_headers(server + "/v1/chat/completions", body))) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    statuses = sorted(status for status, _ in results)
+    assert statuses.count(200) == 4 and statuses.count(429) == 6, statuses   # 2 slots + 2 waiting
+    assert all(headers.get("retry-after") == "1" for status, headers in results if status == 429)
+    again = client.chat.completions.create(model=MODEL, max_tokens=3, temperature=0,
+                                           messages=[{"role": "user", "content": "Hi"}])
+    assert again.usage.completion_tokens >= 1
+
+
+def _post_with_headers(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}
+
+
+def test_no_cors_headers_unless_asked(server):
+    request = urllib.request.Request(server + "/v1/models", headers={"Origin": "http://evil.test"})
+    with urllib.request.urlopen(request) as r:
+        assert "access-control-allow-origin" not in {k.lower() for k in r.headers}

@@ -74,8 +74,8 @@ class Scheduler:
         self.seq_ctx = batch.n_ctx // self.parallel     # each request's share: admission never
         self.prefix: list[int] = []                     # overfills the unified pool
         self._prefix_seq = self.parallel
-        if len(prefix) > 1:
-            self._eval_prefix(list(prefix))
+        if len(prefix) > 1:             # no longer than a request may be: it is part of each
+            self._eval_prefix(list(prefix)[:self.seq_ctx - 1])
 
     def _eval_prefix(self, prefix: list[int]) -> None:
         for start in range(0, len(prefix), self.batch.n_batch):

@@ -80,6 +80,17 @@ class SequenceBatch:
         """Free every cell of `seq`: a finished or cancelled request gives its room back at once."""
         engine().llama_memory_seq_rm(self._mem, seq, -1, -1)
 
+    def restore(self, seq: int, state: bytes, n_keep: int) -> bool:
+        """Load a saved single-sequence state (the prompt cache's) into `seq`, keeping its first
+        n_keep tokens; False, with `seq` empty, when llama.cpp refuses it."""
+        lib = engine()
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if lib.llama_state_seq_set_data(self.session._ctx, buf, len(state), seq) != len(state) \
+                or not lib.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+            self.forget(seq)
+            return False
+        return True
+
     def share(self, src: int, dst: int, n_tokens: int) -> None:
         """`dst` starts with the first n_tokens of `src` (a shared prompt prefix; the unified
         pool shares the cells, nothing is copied)."""

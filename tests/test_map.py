@@ -135,3 +135,30 @@ def test_jobs_arrive_while_others_run_and_cancelled_ones_free_their_sequence(smo
     mem = engine().llama_get_memory(batch.session._ctx)
     assert [engine().llama_memory_seq_pos_max(mem, s) for s in range(2)] == [-1, -1]
     batch.close()
+
+
+def test_a_prompt_the_prompt_cache_holds_is_restored_into_its_sequence(smollm_path, tmp_path,
+                                                                      monkeypatch):
+    """A prompt `run` cached before is loaded into the request's sequence, not evaluated again,
+    and the answer is the one the same scheduler gives cold."""
+    from localinfer.cache import prompt_cache
+    monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
+    document = "The lighthouse keeper wrote in his log every night. " * 40
+    ask = lambda q: chat_tokens(single, messages_for(document + q, None))     # noqa: E731
+    single = LlamaCppSession(smollm_path, LoadOptions(n_ctx=1024))
+    cache = KVCache(single, prompt_cache.open_for(single))
+    list(Generation(cache, ask("Who wrote?"), make_sampler(GREEDY), Limits(4)))
+    assert prompt_cache.persist(cache) is None and cache.store.longest_prefix(ask("x"))
+    prompts = [ask("What did he write in?"), ask("When did he write?")]
+    single.close()
+    answers = {}
+    for warm in (False, True):
+        batch = SequenceBatch(smollm_path, LoadOptions(n_ctx=1024 * 2), 3)
+        store = prompt_cache.open_for(batch.session) if warm else None
+        jobs = [Job(p, make_sampler(GREEDY), Limits(12)) for p in prompts]
+        Scheduler(batch, store=store).run(jobs)
+        answers[warm] = [(j.text, j.stats.cached_tokens) for j in jobs]
+        batch.close()
+    assert all(cached == 0 for _, cached in answers[False])
+    assert all(cached >= 256 for _, cached in answers[True]), answers[True]
+    assert [t for t, _ in answers[True]] == [t for t, _ in answers[False]]

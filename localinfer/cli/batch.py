@@ -37,6 +37,8 @@ def map_lines(
     ctx: int = ctx_option(2048, 64, "Context of each prompt and its answer."),
     threads: int = threads_option(),
     offline: bool = offline_option("Never download; fail if not on disk."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not restore prompts from the "
+                                  "prompt cache."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
 ) -> None:
@@ -51,7 +53,8 @@ def map_lines(
                                 offline=offline)
     params = SamplingParams(temperature=temp, seed=seed)
     failed = _answer(ref, options, lines, template, params, Limits(max_tokens, tuple(stop)),
-                     parallel=parallel, system=system, raw=raw, offline=offline, jsonl=as_jsonl)
+                     parallel=parallel, system=system, raw=raw, offline=offline, jsonl=as_jsonl,
+                     use_cache=not no_cache)
     if failed:
         console.warn(f"{failed} of {len(lines)} lines failed")
         raise typer.Exit(EXIT_RUNTIME)
@@ -66,9 +69,10 @@ def _input_lines() -> list[str]:
 
 
 def _answer(ref, options, lines, template, params, limits, *, parallel, system, raw, offline,
-            jsonl) -> int:
+            jsonl, use_cache) -> int:
     """Run every line through the scheduler, printing answers in input order; the failures."""
     from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.cache import prompt_cache
     from localinfer.engine.scheduler import Scheduler
     from localinfer.models import refs
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
@@ -83,7 +87,8 @@ def _answer(ref, options, lines, template, params, limits, *, parallel, system, 
                 printer.finished(job)
                 if progress:
                     progress(printer.count, len(jobs), "")
-            Scheduler(batch, prefix=prefix).run(jobs, done)
+            store = prompt_cache.open_for(batch.session, enabled=use_cache)
+            Scheduler(batch, prefix=prefix, store=store).run(jobs, done)
         return printer.failed
     finally:
         batch.close()

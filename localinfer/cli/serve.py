@@ -37,6 +37,8 @@ def serve(
     ctx: int = ctx_option(4096, 64, "Context of each request."),
     threads: int = threads_option(),
     offline: bool = offline_option("Never download; fail if not on disk."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not restore prompts from the "
+                                  "prompt cache."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
 ) -> None:
@@ -48,6 +50,7 @@ def serve(
     import uvicorn
 
     from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.cache import prompt_cache
     from localinfer.models import refs
     from localinfer.server.api import Served, make_app
     from localinfer.server.worker import Worker
@@ -57,7 +60,8 @@ def serve(
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
                        notify=console.note)
     batch = SequenceBatch(path, options, parallel + 1)
-    worker = Worker(batch, parallel + queue)
+    worker = Worker(batch, parallel + queue,
+                    prompt_cache.open_for(batch.session, enabled=not no_cache))
     names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))
     served = Served(worker, batch.session, names, batch.n_ctx // parallel, key)
     console.note(f"serving {names[0]} on http://{host}:{port}/v1 ({parallel} at a time)")

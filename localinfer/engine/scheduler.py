@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from localinfer.backends.llama_batched import Piece, SequenceBatch
+from localinfer.engine.batching import GRAIN
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.sampling import Sampler
 
@@ -68,8 +69,9 @@ class Scheduler:
     """Runs jobs on a SequenceBatch of `parallel` request sequences (plus one for the prefix)."""
 
     def __init__(self, batch: SequenceBatch, *, prefix: Sequence[int] = (),
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:
-        self.batch, self.prefill_chunk = batch, prefill_chunk
+                 prefill_chunk: int = PREFILL_CHUNK, store=None) -> None:
+        # store: the persistent prompt cache (cache.prompt_cache.PromptCache), read-only here
+        self.batch, self.prefill_chunk, self.store = batch, prefill_chunk, store
         self.parallel = batch.n_seq - 1
         self.seq_ctx = batch.n_ctx // self.parallel     # each request's share: admission never
         self.prefix: list[int] = []                     # overfills the unified pool
@@ -134,13 +136,35 @@ class Scheduler:
 
     def _start(self, job: Job, seq: int) -> _Running:
         shared = _common(job.prompt, self.prefix, len(job.prompt) - 1)
-        if shared:
+        restored = self._restore(job.prompt, seq, better_than=shared)
+        if restored:
+            shared = restored
+        elif shared:
             self.batch.share(self._prefix_seq, seq, shared)
         job.stats = Stats(prompt_tokens=len(job.prompt))
         emit = Emitter(_SeqView(self.batch.session, self.seq_ctx), job.prompt, job.limits,
                        job.stats)
         job.tokens = emit.tokens
         return _Running(job, seq, shared, job.prompt[shared:], emit, shared)
+
+    def _restore(self, prompt: list[int], seq: int, *, better_than: int) -> int:
+        """The prompt's longest prefix in the persistent prompt cache, loaded into `seq` as `run`
+        would load it (whole batching grains, at least one token left to evaluate); 0 for none."""
+        if self.store is None:
+            return 0
+        window = self.batch.session.sliding_window
+        found = self.store.longest_prefix(prompt, limit=len(prompt) - 1,
+                                          rigid_over=window or None, longest=self.seq_ctx)
+        usable = found[1] // GRAIN * GRAIN if found else 0
+        if usable <= better_than:
+            return 0
+        state = self.store.load(found[0])
+        if state is None:
+            return 0
+        if not self.batch.restore(seq, state, usable):
+            self.store.drop(found[0])          # the engine refused it: never trusted again
+            return 0
+        return usable
 
     def _step(self, running: list[_Running]) -> list[int]:
         """One llama_decode for every running request; the sequences that finished."""

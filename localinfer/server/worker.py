@@ -16,8 +16,8 @@ class Worker:
     """Runs every submitted job on the model; `submit` refuses a job when `capacity` (the slots
     and the waiting room) are all taken by jobs not yet done."""
 
-    def __init__(self, batch: SequenceBatch, capacity: int) -> None:
-        self.batch, self.capacity = batch, capacity
+    def __init__(self, batch: SequenceBatch, capacity: int, store=None) -> None:
+        self.batch, self.capacity, self.store = batch, capacity, store     # store: prompt cache
         self._queue: queue.Queue = queue.Queue()
         self._callbacks: dict[int, tuple[Job, Callable[[Job], None]]] = {}
         self._stopping = False
@@ -42,7 +42,7 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            Scheduler(self.batch).run([], self._done, self._arrivals)
+            Scheduler(self.batch, store=self.store).run([], self._done, self._arrivals)
         except BaseException as e:        # the engine failed: later requests get a 500
             self.error = e
             with self._lock:

@@ -36,6 +36,7 @@ QUESTIONS = ["Tell me about the ocean.", "Describe a forest in autumn.", "What d
              "What is a library for?", "Tell me about bread.", "Describe a river.",
              "What makes a good friend?"]
 THREADS = 2
+MODEL_NAME = ["?"]            # the name requests carry: the catalogue name both servers accept
 
 
 def llama_server() -> Path:
@@ -84,7 +85,7 @@ def stream_one(client, question: str, n: int, out: list) -> None:
     start = time.perf_counter()
     first, tokens = None, 0
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": question}], temperature=0,
+        model=MODEL_NAME[0], messages=[{"role": "user", "content": question}], temperature=0,
         max_tokens=n, stream=True, stream_options={"include_usage": True})
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and first is None:
@@ -152,6 +153,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024, help="context per request")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    MODEL_NAME[0] = args.model
     from localinfer.models import refs
     _, catalogue, store = refs.context()
     path = refs.locate(refs.parse_ref(args.model, catalogue), store, offline=True, progress=False,

@@ -80,6 +80,14 @@ class SequenceBatch:
         """Free every cell of `seq`: a finished or cancelled request gives its room back at once."""
         engine().llama_memory_seq_rm(self._mem, seq, -1, -1)
 
+    def clear(self) -> None:
+        """Free every cell of every sequence."""
+        engine().llama_memory_clear(self._mem, True)
+
+    def trim(self, seq: int, n_keep: int) -> None:
+        """Keep the first n_keep tokens of `seq`, free the rest."""
+        engine().llama_memory_seq_rm(self._mem, seq, n_keep, -1)
+
     def restore(self, seq: int, state: bytes, n_keep: int) -> bool:
         """Load a saved single-sequence state (the prompt cache's) into `seq`, keeping its first
         n_keep tokens; False, with `seq` empty, when llama.cpp refuses it."""

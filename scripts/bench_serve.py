@@ -17,6 +17,7 @@ the server target on), which takes a few minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -36,6 +37,7 @@ QUESTIONS = ["Tell me about the ocean.", "Describe a forest in autumn.", "What d
              "What is a library for?", "Tell me about bread.", "Describe a river.",
              "What makes a good friend?"]
 THREADS = 2
+_REQUEST = itertools.count(1)
 MODEL_NAME = ["?"]            # the name requests carry: the catalogue name both servers accept
 
 
@@ -82,6 +84,9 @@ def start(kind: str, model: str, path: Path, parallel: int, ctx: int) -> tuple[s
 
 
 def stream_one(client, question: str, n: int, out: list) -> None:
+    # Each request is new to both servers: llama-server would otherwise reuse a slot's cached
+    # copy of the same question asked before (its warm-up, an earlier stream count).
+    question = f"[{next(_REQUEST)}] {question}"
     start = time.perf_counter()
     first, tokens = None, 0
     stream = client.chat.completions.create(

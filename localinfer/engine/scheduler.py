@@ -73,11 +73,13 @@ class Scheduler:
         # store: the persistent prompt cache (cache.prompt_cache.PromptCache), read-only here
         self.batch, self.prefill_chunk, self.store = batch, prefill_chunk, store
         self.parallel = batch.n_seq - 1
-        self.seq_ctx = batch.n_ctx // self.parallel     # each request's share: admission never
-        self.prefix: list[int] = []                     # overfills the unified pool
+        self.prefix: list[int] = []
         self._prefix_seq = self.parallel
+        self._kept: dict[int, list[int]] = {}           # free slot -> the tokens its cells hold
+        batch.clear()                   # it starts from an empty pool: nothing it cannot account for
         if len(prefix) > 1:             # no longer than a request may be: it is part of each
-            self._eval_prefix(list(prefix)[:self.seq_ctx - 1])
+            self._eval_prefix(list(prefix)[:batch.n_ctx // self.parallel - 1])
+        self.seq_ctx = batch.n_ctx // self.parallel     # each request's share of the pool
 
     def _eval_prefix(self, prefix: list[int]) -> None:
         for start in range(0, len(prefix), self.batch.n_batch):
@@ -109,7 +111,8 @@ class Scheduler:
                     job.stats.finish_reason = "cancelled" if job.cancelled else ""
                     on_done(job)
                     continue
-                seq = free.pop()
+                seq = self._slot_for(job.prompt, free)
+                free.remove(seq)
                 running[seq] = self._start(job, seq)
             if not running:
                 continue
@@ -120,7 +123,9 @@ class Scheduler:
                 on_done: Callable[[Job], None]) -> None:
         """A request is over: its sequence's cells go back to the pool before the next step."""
         done = running.pop(seq)
-        self.batch.forget(seq)
+        # Its cells stay until the slot is taken again: a request that starts the same way (a
+        # system prompt, a conversation's next turn) continues from them, as llama-server's slots do.
+        self._kept[seq] = (done.job.prompt + done.job.tokens)[:done.pos]
         free.append(seq)
         if reason:
             done.job.stats.finish_reason = reason
@@ -129,27 +134,46 @@ class Scheduler:
     def _refused(self, job: Job) -> bool:
         if not job.prompt:
             job.error = "the prompt is empty"
-        elif len(job.prompt) >= self.seq_ctx:
+        elif len(job.prompt) >= self._room(job.prompt):
             job.error = (f"the prompt is {len(job.prompt):,} tokens, more than the "
-                         f"{self.seq_ctx:,} each request has (raise --ctx or lower --parallel)")
+                         f"{self._room(job.prompt):,} each request has (raise --ctx or lower "
+                         "--parallel)")
         return job.error is not None
 
+    def _room(self, prompt: list[int]) -> int:
+        """Cells a request may fill. The prefix's own cells count in each request that starts
+        with it; one that does not leaves them to it, so admission never overfills the pool."""
+        return self.seq_ctx - (len(self.prefix) - _common(prompt, self.prefix, len(self.prefix)))
+
+    def _slot_for(self, prompt: list[int], free: list[int]) -> int:
+        """The free slot whose kept cells share the most with the prompt (else the last freed)."""
+        return max(reversed(free), key=lambda s: _common(prompt, self._kept.get(s, ()),
+                                                         len(prompt) - 1))
+
     def _start(self, job: Job, seq: int) -> _Running:
-        shared = _common(job.prompt, self.prefix, len(job.prompt) - 1)
-        restored = self._restore(job.prompt, seq, better_than=shared)
-        if restored:
+        most = len(job.prompt) - 1
+        kept = _common(job.prompt, self._kept.pop(seq, []), most)
+        shared = _common(job.prompt, self.prefix, most)
+        restored = self._restore(job.prompt, seq, better_than=max(kept, shared))
+        if restored > 0:
             shared = restored
-        elif shared:
-            self.batch.share(self._prefix_seq, seq, shared)
+        elif kept >= shared and kept and restored == 0:
+            self.batch.trim(seq, kept)
+            shared = kept
+        else:
+            self.batch.forget(seq)
+            if shared:
+                self.batch.share(self._prefix_seq, seq, shared)
         job.stats = Stats(prompt_tokens=len(job.prompt))
-        emit = Emitter(_SeqView(self.batch.session, self.seq_ctx), job.prompt, job.limits,
+        emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt, job.limits,
                        job.stats)
         job.tokens = emit.tokens
         return _Running(job, seq, shared, job.prompt[shared:], emit, shared)
 
     def _restore(self, prompt: list[int], seq: int, *, better_than: int) -> int:
         """The prompt's longest prefix in the persistent prompt cache, loaded into `seq` as `run`
-        would load it (whole batching grains, at least one token left to evaluate); 0 for none."""
+        would load it (whole batching grains, at least one token left to evaluate); 0 for none,
+        -1 when an entry was tried and refused (the slot is empty then)."""
         if self.store is None:
             return 0
         window = self.batch.session.sliding_window
@@ -161,9 +185,10 @@ class Scheduler:
         state = self.store.load(found[0])
         if state is None:
             return 0
+        self.batch.forget(seq)
         if not self.batch.restore(seq, state, usable):
             self.store.drop(found[0])          # the engine refused it: never trusted again
-            return 0
+            return -1
         return usable
 
     def _step(self, running: list[_Running]) -> list[int]:

@@ -222,3 +222,15 @@ def test_eight_concurrent_greedy_requests_answer_as_eight_sent_one_at_a_time(mod
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
+
+
+def test_a_body_over_the_size_limit_is_refused_before_it_is_read(server):
+    import http.client
+    host, port = server.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", "/v1/chat/completions")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(5 << 20))
+    conn.endheaders(b'{"model": ')            # the rest never comes: the header says enough
+    reply = conn.getresponse()
+    assert reply.status == 400 and "over 4 MB" in json.loads(reply.read())["error"]["message"]

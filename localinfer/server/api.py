@@ -124,12 +124,12 @@ async def _complete(served: Served, request: Request, *, chat: bool):
 async def _body(request: Request) -> dict:
     size = request.headers.get("content-length")
     if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
-        raise BadRequest(f"the request body is over {MAX_BODY >> 20} MB", status=413)
+        raise BadRequest(f"the request body is over {MAX_BODY >> 20} MB")
     raw = b""
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > MAX_BODY:
-            raise BadRequest(f"the request body is over {MAX_BODY >> 20} MB", status=413)
+            raise BadRequest(f"the request body is over {MAX_BODY >> 20} MB")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

@@ -104,8 +104,8 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     if served.worker.error is not None:
         return error(f"the model failed: {served.worker.error}", 500)
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
-    job.on_text = lambda text: loop.call_soon_threadsafe(events.put_nowait, text)
-    if not served.worker.submit(job, lambda j: loop.call_soon_threadsafe(events.put_nowait, None)):
+    job.on_text = lambda text: _hand_over(loop, events, text)
+    if not served.worker.submit(job, lambda j: _hand_over(loop, events, None)):
         return error("too many requests are waiting; try again shortly", 429,
                      headers={"Retry-After": "1"})
     reply = _Reply(served.names[0], chat, job)
@@ -119,6 +119,14 @@ async def _complete(served: Served, request: Request, *, chat: bool):
         job.cancelled = True
         raise
     return JSONResponse(reply.whole())
+
+
+def _hand_over(loop, events: asyncio.Queue, item: str | None) -> None:
+    """From the scheduler's thread to the request's handler (None: the answer is complete)."""
+    try:
+        loop.call_soon_threadsafe(events.put_nowait, item)
+    except RuntimeError:        # the server's loop has closed (shutting down): nobody is waiting
+        pass
 
 
 async def _body(request: Request) -> dict:

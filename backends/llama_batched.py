@@ -42,19 +42,23 @@ class SequenceBatch:
         self.n_seq, self.n_ctx, self.n_batch = n_seq, self.session.n_ctx, self.session.n_batch
         lib = engine()
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        # The arrays a decode fills, fetched once: each struct field read builds a ctypes object.
+        b = self._batch
+        self._arrays = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
         self._mem = lib.llama_get_memory(self.session._ctx)
 
     def decode(self, pieces: Sequence[Piece]) -> list[np.ndarray | None]:
         """One llama_decode over every piece (at most n_batch tokens in all); for each piece in
         the order given, a copy of the logits after its last token (None where not wanted)."""
         lib, batch = engine(), self._batch
+        token_at, pos_at, n_seq_at, seq_at, output_at = self._arrays
         n = 0
         for piece in pieces:
             last = len(piece.tokens) - 1
             for i, token in enumerate(piece.tokens):
-                batch.token[n], batch.pos[n] = token, piece.pos + i
-                batch.n_seq_id[n], batch.seq_id[n][0] = 1, piece.seq
-                batch.logits[n] = piece.logits and i == last
+                token_at[n], pos_at[n] = token, piece.pos + i
+                n_seq_at[n], seq_at[n][0] = 1, piece.seq
+                output_at[n] = piece.logits and i == last
                 n += 1
         if not 0 < n <= self.n_batch:
             raise LocalinferError(f"a batch of {n} tokens (1 to {self.n_batch} fit)")

@@ -104,6 +104,7 @@ def test_map_answers_in_input_order_with_a_failed_line_in_place(models_home):
 
 @pytest.mark.parametrize("args, words", [
     (["Name a fruit."], "no {} for the line"),
+    (["Say {}", "--seed", "-5"], "--seed must be -1"),
 ])
 def test_map_refusals(models_home, args, words):
     result = run_cli("map", "smollm2", *args, input="a\n")

@@ -47,14 +47,15 @@ def map_lines(
     from localinfer.engine.sampling import SamplingParams
     if PLACEHOLDER not in template:
         raise UsageError(f"the template has no {PLACEHOLDER} for the line")
+    params = SamplingParams(temperature=temp, seed=seed)     # refused before anything loads
     lines = _input_lines()
-    ref, options, _ = fit_model(model, quant=quant, ctx=ctx * parallel, kv_type=None,
-                                memory_budget=memory_, threads=threads, verbose=False,
-                                offline=offline)
-    params = SamplingParams(temperature=temp, seed=seed)
-    failed = _answer(ref, options, lines, template, params, Limits(max_tokens, tuple(stop)),
-                     parallel=parallel, system=system, raw=raw, offline=offline, jsonl=as_jsonl,
-                     use_cache=not no_cache)
+    _, batch = open_batch(model, parallel=parallel, ctx=ctx, quant=quant, memory_=memory_,
+                          threads=threads, offline=offline)
+    try:
+        failed = _answer(batch, lines, template, params, Limits(max_tokens, tuple(stop)),
+                         system=system, raw=raw, jsonl=as_jsonl, use_cache=not no_cache)
+    finally:
+        batch.close()
     if failed:
         console.warn(f"{failed} of {len(lines)} lines failed")
         raise typer.Exit(EXIT_RUNTIME)
@@ -68,30 +69,35 @@ def _input_lines() -> list[str]:
     return text.splitlines()
 
 
-def _answer(ref, options, lines, template, params, limits, *, parallel, system, raw, offline,
-            jsonl, use_cache) -> int:
-    """Run every line through the scheduler, printing answers in input order; the failures."""
+def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str | None,
+               threads: int, offline: bool):
+    """(the model reference, a SequenceBatch of `parallel` requests of `ctx` tokens each, plus the
+    shared prefix's sequence), fitted to the memory budget as `run` fits: map's and serve's."""
     from localinfer.backends.llama_batched import SequenceBatch
-    from localinfer.cache import prompt_cache
-    from localinfer.engine.scheduler import Scheduler
     from localinfer.models import refs
+    ref, options, _ = fit_model(model, quant=quant, ctx=ctx * parallel, kv_type=None,
+                                memory_budget=memory_, threads=threads, verbose=False,
+                                offline=offline)
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
                        notify=console.note)
-    batch = SequenceBatch(path, options, parallel + 1)
-    try:
-        jobs = _jobs(batch.session, lines, template, params, limits, system=system, raw=raw)
-        printer = _InOrder(lines, jsonl)
-        prefix = _shared_prefix([j.prompt for j in jobs])
-        with console.progress_bar("answering") as progress:
-            def done(job) -> None:
-                printer.finished(job)
-                if progress:
-                    progress(printer.count, len(jobs), "")
-            store = prompt_cache.open_for(batch.session, enabled=use_cache)
-            Scheduler(batch, prefix=prefix, store=store).run(jobs, done)
-        return printer.failed
-    finally:
-        batch.close()
+    return ref, SequenceBatch(path, options, parallel + 1)
+
+
+def _answer(batch, lines, template, params, limits, *, system, raw, jsonl, use_cache) -> int:
+    """Run every line through the scheduler, printing answers in input order; the failures."""
+    from localinfer.cache import prompt_cache
+    from localinfer.engine.scheduler import Scheduler
+    jobs = _jobs(batch.session, lines, template, params, limits, system=system, raw=raw)
+    printer = _InOrder(lines, jsonl)
+    prefix = _shared_prefix([j.prompt for j in jobs])
+    with console.progress_bar("answering") as progress:
+        def done(job) -> None:
+            printer.finished(job)
+            if progress:
+                progress(printer.count, len(jobs), "")
+        store = prompt_cache.open_for(batch.session, enabled=use_cache)
+        Scheduler(batch, prefix=prefix, store=store).run(jobs, done)
+    return printer.failed
 
 
 def _jobs(session, lines, template, params, limits, *, system, raw):

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import (ctx_option, fit_model, memory_option, offline_option,
-                                    quant_option, threads_option)
+from localinfer.cli.options import (ctx_option, memory_option, offline_option, quant_option,
+                                    threads_option)
 from localinfer.errors import UsageError
 
 DEFAULT_MODEL = "smollm2"
@@ -49,17 +49,12 @@ def serve(
                          "reach it could use the model")
     import uvicorn
 
-    from localinfer.backends.llama_batched import SequenceBatch
     from localinfer.cache import prompt_cache
-    from localinfer.models import refs
+    from localinfer.cli.batch import open_batch
     from localinfer.server.api import Served, make_app
     from localinfer.server.worker import Worker
-    ref, options, _ = fit_model(model, quant=quant, ctx=ctx * parallel, kv_type=None,
-                                memory_budget=memory_, threads=threads, verbose=False,
-                                offline=offline)
-    path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
-                       notify=console.note)
-    batch = SequenceBatch(path, options, parallel + 1)
+    ref, batch = open_batch(model, parallel=parallel, ctx=ctx, quant=quant, memory_=memory_,
+                            threads=threads, offline=offline)
     worker = Worker(batch, parallel + queue,
                     prompt_cache.open_for(batch.session, enabled=not no_cache))
     names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))

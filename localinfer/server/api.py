@@ -177,7 +177,7 @@ def _job(body: dict, served: Served, *, chat: bool) -> tuple[Job, bool]:
     limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1, 1, 10**7)
     params = SamplingParams(temperature=_number(body, "temperature", float, 1.0, 0.0, 2.0),
                             top_p=_number(body, "top_p", float, 1.0, 0.0, 1.0),
-                            seed=_number(body, "seed", int, None, -2**63, 2**63 - 1))
+                            seed=_number(body, "seed", int, None, -1, 2**63 - 1))
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", "stream")

@@ -142,15 +142,17 @@ def test_jobs_arrive_while_others_run_and_cancelled_ones_free_their_sequence(smo
     batch.close()
 
 
-def test_a_prompt_the_prompt_cache_holds_is_restored_into_its_sequence(smollm_path, tmp_path,
+@pytest.mark.parametrize("name", ["smollm", "gemma"])       # gemma: sliding-window layers
+def test_a_prompt_the_prompt_cache_holds_is_restored_into_its_sequence(request, name, tmp_path,
                                                                       monkeypatch):
     """A prompt `run` cached before is loaded into the request's sequence, not evaluated again,
     and the answer is the one the same scheduler gives cold."""
     from localinfer.cache import prompt_cache
     monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
     document = "The lighthouse keeper wrote in his log every night. " * 40
-    ask = lambda q: chat_tokens(single, messages_for(document + q, None))     # noqa: E731
-    single = LlamaCppSession(smollm_path, LoadOptions(n_ctx=1024))
+    path = request.getfixturevalue("smollm_path" if name == "smollm" else "gemma_path")
+    ask = lambda q: raw_tokens(single, document + q)     # noqa: E731  (gemma has no template)
+    single = LlamaCppSession(path, LoadOptions(n_ctx=1024))
     cache = KVCache(single, prompt_cache.open_for(single))
     list(Generation(cache, ask("Who wrote?"), make_sampler(GREEDY), Limits(4)))
     assert prompt_cache.persist(cache) is None and cache.store.longest_prefix(ask("x"))
@@ -158,7 +160,7 @@ def test_a_prompt_the_prompt_cache_holds_is_restored_into_its_sequence(smollm_pa
     single.close()
     answers = {}
     for warm in (False, True):
-        batch = SequenceBatch(smollm_path, LoadOptions(n_ctx=1024 * 2), 3)
+        batch = SequenceBatch(path, LoadOptions(n_ctx=1024 * 2), 3)
         store = prompt_cache.open_for(batch.session) if warm else None
         jobs = [Job(p, make_sampler(GREEDY), Limits(12)) for p in prompts]
         Scheduler(batch, store=store).run(jobs)

@@ -45,6 +45,16 @@ class LoadOptions:
     n_seq: int = 1                # KV sequences in the context (llama_batched: one per request)
 
 
+class Grammar(Protocol):
+    """Which tokens may come next under a grammar (llama.cpp's grammar sampler holds the state)."""
+
+    def allows(self, ids: np.ndarray) -> np.ndarray: ...       # one bool per token id
+    def mask(self, logits: np.ndarray) -> np.ndarray: ...      # disallowed tokens set to -inf
+    def accept(self, token: int) -> None: ...                  # only a token it allows
+    def clone(self) -> Grammar: ...
+    def close(self) -> None: ...
+
+
 class Session(Protocol):
     """One loaded model with one KV-cache sequence."""
 
@@ -62,6 +72,9 @@ class Session(Protocol):
     def token_text(self, token: int) -> str: ...
     def piece(self, token: int) -> bytes: ...
     def detokenize(self, tokens: Sequence[int]) -> bytes: ...
+    def grammar(self, gbnf: str) -> Grammar:
+        """A fresh parse state of this GGUF grammar over the model's vocabulary."""
+        ...
     def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
         """Append tokens to the KV cache; return logits of the last position (1-D) or of all (2-D).
 

@@ -161,6 +161,10 @@ class GGUFVocabulary:
     def token_text(self, token: int) -> str:
         return engine().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
+    def grammar(self, gbnf: str):
+        from localinfer.backends.llama_grammar import Grammar
+        return Grammar(self._vocab, self.n_vocab, gbnf)
+
 
 class LlamaCppSession(GGUFVocabulary):
     """One llama.cpp model and context holding a single sequence (seq_id 0)."""

@@ -71,6 +71,9 @@ class MlxSession:
     def piece(self, token: int) -> bytes:
         return self._vocab.piece(token)
 
+    def grammar(self, gbnf: str):
+        return self._vocab.grammar(gbnf)
+
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self._vocab.detokenize(tokens)
 

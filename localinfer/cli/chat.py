@@ -17,11 +17,13 @@ from localinfer import settings
 from localinfer.cache import prompt_cache
 from localinfer.cli import console, shell
 from localinfer.engine import chat_window
+from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel
 from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, reply_room
 from localinfer.engine.sampling import Sampler
+from localinfer.engine.structured import OutputFormat, incomplete
 from localinfer.errors import ContextOverflow
 
 HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the system message)"
@@ -51,8 +53,10 @@ class _Chat:
 
 
 def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: Limits,
-         verbose: bool = False, use_cache: bool = True, grow: Grow | None = None) -> None:
-    """The chat loop; `grow` (None: the context is fixed) reloads the model with a larger one."""
+         verbose: bool = False, use_cache: bool = True, grow: Grow | None = None,
+         output: OutputFormat | None = None) -> None:
+    """The chat loop; `grow` (None: the context is fixed) reloads the model with a larger one;
+    `output` constrains every reply (each starts its grammar afresh)."""
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
@@ -96,7 +100,11 @@ def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: L
         messages.append({"role": "user", "content": line})
         try:
             tokens = _fitted_tokens(chat, system, messages, limits)
-            reply = _reply(chat.cache, tokens, sampler, limits, chat.loaded, verbose)
+            reply, finish = _reply(chat.cache, tokens, _constrained(sampler, output, chat.loaded),
+                                   limits, chat.loaded, verbose)
+            problem = incomplete(output, reply, finish) if output else None
+            if problem:
+                console.error(problem)
         except ContextOverflow as e:
             messages.pop()      # the chat goes on; the user can /clear or ask something shorter
             console.error(f"{e}; /clear starts a new conversation")
@@ -155,8 +163,15 @@ def growing(*, ctx: int, kv_type: str | None, memory_budget: str | None,
     return grow
 
 
+def _constrained(sampler: Sampler, output: OutputFormat | None, loaded: LoadedModel) -> Sampler:
+    if output is None:
+        return sampler
+    return ConstrainedSampler(sampler, loaded.session.grammar(output.gbnf))
+
+
 def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
-           loaded: LoadedModel, verbose: bool) -> str:
+           loaded: LoadedModel, verbose: bool) -> tuple[str, str]:
+    """Stream one reply; returns its text and why it ended."""
     generation = Generation(cache, tokens, sampler, limits)
     pieces = []
     try:
@@ -173,7 +188,7 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
         console.note(format_stats(generation.stats, loaded))
         if cache.store is not None:
             console.note(prompt_cache.describe(cache.last_event))
-    return "".join(pieces).strip()
+    return "".join(pieces).strip(), generation.stats.finish_reason
 
 
 def _setup_readline():

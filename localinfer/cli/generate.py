@@ -23,10 +23,14 @@ if TYPE_CHECKING:
     from localinfer.engine.decode import Generation, Limits
     from localinfer.engine.load import LoadedModel
     from localinfer.engine.sampling import SamplingParams
+    from localinfer.engine.structured import OutputFormat
     from localinfer.speculate.verify import SpeculativeGeneration
 
 CTX_HELP = ("Context length; 0 = sized to the prompt and the reply's room (at least 4096, at "
             "most the model's trained context).")
+SCHEMA_HELP = ("Answer with one JSON document valid against this JSON schema (a file, or "
+               "inline JSON); decoding is constrained token by token.")
+GRAMMAR_HELP = "Constrain the answer to this GBNF grammar file (llama.cpp's grammar format)."
 CHAT_CTX_HELP = ("Context length; 0 = 4096, grown as the conversation needs (up to the model's "
                  "trained context) before old turns are dropped.")
 
@@ -63,6 +67,8 @@ def run(
     offline: bool = offline_option("Never download; fail if not on disk."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings and engine logs on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", help=SCHEMA_HELP),
+    grammar: Optional[str] = typer.Option(None, "--grammar", help=GRAMMAR_HELP),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
     draft: str = typer.Option("auto", "--draft", help="Speculative decoding: a draft MODEL, auto "
                               "(catalogue draft if on disk, else lookup), lookup, self, none."),
@@ -78,9 +84,11 @@ def run(
     from localinfer.engine.decode import Limits
     from localinfer.engine.prompt import uses_chat_template
     from localinfer.engine.sampling import SamplingParams, make_sampler
+    from localinfer.engine.structured import from_options
     from localinfer.fit.request import Request
     _check_max_tokens(max_tokens)
     check_backend(backend)
+    output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
     fit = dict(quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_, threads=threads,
                verbose=verbose, offline=offline, gpu_layers=gpu_layers)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -90,7 +98,7 @@ def run(
         from localinfer.cli import chat as chat_repl
         ref, options, _ = fit_model(model, **fit)
         loaded = open_ref(ref, backend=backend, offline=offline, options=options)
-        chat_repl.repl(loaded, make_sampler(params), system=system, limits=limits,
+        chat_repl.repl(loaded, make_sampler(params), system=system, limits=limits, output=output,
                        grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                               gpu_layers=parse_gpu_layers(gpu_layers),
                                               options=options))
@@ -103,11 +111,12 @@ def run(
     if system and not raw and not uses_chat_template(session, raw):
         console.warn("this model has no chat template; --system is ignored")
     generation = _generation(loaded, tokens, params, limits, draft=draft, draft_max=draft_max,
-                             offline=offline, options=options,
+                             offline=offline, options=options, output=output,
                              store=prompt_cache.open_for(session, enabled=not no_cache))
     generation.stats.load_s = loaded.load_s
-    shell.emit(generation, loaded, as_json=as_json, verbose=verbose)
+    text = shell.emit(generation, loaded, as_json=as_json, verbose=verbose)
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
+    _check_complete(output, text, generation.stats.finish_reason)
     if generation.stats.finish_reason == "context":
         console.note(f"the reply stopped at the end of the context ({session.n_ctx:,} tokens); "
                      "-n N sizes the context for a longer one (or --ctx N)")
@@ -134,20 +143,39 @@ def _open_for(model: str, request: Request, fit: dict, *,
 
 def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, limits: Limits, *,
                 draft: str, draft_max: int, offline: bool, options: LoadOptions,
+                output: OutputFormat | None,
                 store: PromptCache | None) -> Generation | SpeculativeGeneration:
-    """Plain decoding, or speculative decoding with the drafter --draft names."""
+    """Plain decoding, or speculative decoding with the drafter --draft names; constrained to
+    `output`'s grammar when there is one."""
+    from localinfer.engine.constrain import ConstrainedSampler
     from localinfer.engine.decode import Generation
     from localinfer.engine.kv import KVCache
     from localinfer.engine.sampling import make_sampler
     cache = KVCache(loaded.session, store)
+    grammar = loaded.session.grammar(output.gbnf) if output else None
+
+    def plain() -> Generation:
+        sampler = make_sampler(params)
+        return Generation(cache, tokens, ConstrainedSampler(sampler, grammar) if grammar
+                          else sampler, limits)
     if draft_max == 0:
-        return Generation(cache, tokens, make_sampler(params), limits)
+        return plain()
     from localinfer.speculate import choose
     drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
                                   notify=console.note)
     if drafter is None:
-        return Generation(cache, tokens, make_sampler(params), limits)
-    return choose.speculative(loaded, cache, tokens, params, limits, drafter, max_draft=draft_max)
+        return plain()
+    return choose.speculative(loaded, cache, tokens, params, limits, drafter, max_draft=draft_max,
+                              grammar=grammar)
+
+
+def _check_complete(output: OutputFormat | None, text: str, finish_reason: str) -> None:
+    """A schema's answer that a limit cut short is a failure (exit 1), said in one line."""
+    from localinfer.engine.structured import incomplete
+    from localinfer.errors import LocalinferError
+    problem = incomplete(output, text, finish_reason) if output else None
+    if problem:
+        raise LocalinferError(problem)
 
 
 def chat(
@@ -163,6 +191,8 @@ def chat(
     offline: bool = offline_option(),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", help=SCHEMA_HELP),
+    grammar: Optional[str] = typer.Option(None, "--grammar", help=GRAMMAR_HELP),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
@@ -172,15 +202,17 @@ def chat(
     from localinfer.cli import chat as chat_repl
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams, make_sampler
+    from localinfer.engine.structured import from_options
     _check_max_tokens(max_tokens)
     sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
     check_backend(backend)
+    output = from_options(json_schema, grammar)
     ref, options, _ = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type,
                                 memory_budget=memory_, threads=threads, verbose=verbose,
                                 offline=offline, gpu_layers=gpu_layers)
     loaded = open_ref(ref, backend=backend, offline=offline, options=options)
     chat_repl.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
-                   use_cache=not no_cache,
+                   use_cache=not no_cache, output=output,
                    grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                           gpu_layers=parse_gpu_layers(gpu_layers),
                                           options=options))

@@ -182,7 +182,8 @@ def combine_input(stdin_text: str | None, prompt: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose: bool) -> None:
+def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose: bool) -> str:
+    """Stream the answer to stdout (or print it in one JSON object); returns its text."""
     pieces: list[str] = []
     try:
         for piece in generation:
@@ -195,6 +196,7 @@ def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose:
         _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
         raise
     _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
+    return "".join(pieces)
 
 
 def _finish(generation: Generation, loaded: LoadedModel, pieces: list[str], *,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from localinfer import settings
-from localinfer.backends import LoadOptions
+from localinfer.backends import Grammar, LoadOptions
 from localinfer.engine.decode import Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel, load_model
@@ -110,8 +110,8 @@ def exact_chunk(target: LoadedModel) -> int:
 
 def speculative(target: LoadedModel, cache: KVCache, prompt: Sequence[int],
                 params: SamplingParams, limits: Limits, drafter: Drafter, *,
-                max_draft: int, chunk: int | None = None,
-                adaptive: bool = True) -> SpeculativeGeneration:
+                max_draft: int, chunk: int | None = None, adaptive: bool = True,
+                grammar: Grammar | None = None) -> SpeculativeGeneration:
     """Speculative decoding with `drafter`, verifying in chunks the exactness probe allows.
 
     `adaptive=False` drafts `max_draft` tokens every round (tests and benchmarks of the rule itself).
@@ -121,7 +121,7 @@ def speculative(target: LoadedModel, cache: KVCache, prompt: Sequence[int],
         if cache.session.n_past != len(cache.tokens):   # a probe ran and emptied the KV cache
             cache.clear()
     return SpeculativeGeneration(cache, prompt, params, limits, drafter, max_draft=max_draft,
-                                 chunk=chunk, adaptive=adaptive)
+                                 chunk=chunk, adaptive=adaptive, grammar=grammar)
 
 
 def describe(stats: SpecStats) -> str:

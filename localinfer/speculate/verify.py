@@ -16,6 +16,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from localinfer.backends import Grammar
+from localinfer.engine.constrain import constrained_distribution, pick
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, apply_repeat_penalty,
@@ -65,18 +67,27 @@ class SamplingPolicy:
         self.rng = rng or np.random.default_rng(params.rng_seed)
         self._plain = make_sampler(params)   # greedy choices go through the plain sampler itself
 
-    def choose(self, logits: np.ndarray, history: Sequence[int]) -> int:
+    def choose(self, logits: np.ndarray, history: Sequence[int],
+               grammar: Grammar | None = None) -> int:
+        """The target's token; with a grammar, one it allows (the grammar is not moved on)."""
         if self.greedy:
-            return self._plain(logits, history)
-        return self.draw(self.distribution(logits, history))
+            if grammar is None:
+                return self._plain(logits, history)
+            return pick(self._plain, logits, history, grammar)
+        return self.draw(self.distribution(logits, history, grammar))
 
-    def distribution(self, logits: np.ndarray, history: Sequence[int]) -> Distribution:
+    def distribution(self, logits: np.ndarray, history: Sequence[int],
+                     grammar: Grammar | None = None) -> Distribution:
         p = self.params
         if p.repeat_penalty != 1.0 and history:
             logits = apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
         if self.greedy:
             return np.array([int(np.argmax(logits))]), np.array([1.0])
-        return candidate_probs(logits, p)
+        filtered = candidate_probs(logits, p)
+        if grammar is None:
+            return filtered
+        return constrained_distribution(filtered, logits, grammar,
+                                        lambda row: candidate_probs(row, p))
 
     def draw(self, dist: Distribution) -> int:
         ids, probs = dist
@@ -116,12 +127,16 @@ class SpeculativeGeneration:
 
     Per round: emit a token, ask the controller how many guesses pay, let the drafter propose them,
     evaluate [token, guesses…] in exact chunks, keep the agreeing prefix, trim the rest.
+
+    With a grammar, each row's token is the constrained choice, so a guess the grammar rejects is
+    never kept; `grammar` always stands after every token emitted or forced to come next.
     """
 
     def __init__(self, cache: KVCache, prompt: Sequence[int], params: SamplingParams,
                  limits: Limits, drafter: Drafter, *, max_draft: int = 8, chunk: int = 1,
-                 adaptive: bool = True) -> None:
+                 adaptive: bool = True, grammar: Grammar | None = None) -> None:
         self.cache, self.prompt, self.limits, self.drafter = cache, list(prompt), limits, drafter
+        self.grammar = grammar
         self.policy = SamplingPolicy(params)
         self.control = Controller(max_draft, chunk, adaptive=adaptive)
         self.stats = SpecStats(prompt_tokens=len(prompt), drafter=drafter.name, chunk=chunk)
@@ -138,7 +153,12 @@ class SpeculativeGeneration:
         forced: int | None = None
         try:
             while True:
-                token = forced if forced is not None else self.policy.choose(logits, self._tail())
+                if forced is not None:
+                    token = forced
+                else:
+                    token = self.policy.choose(logits, self._tail(), self.grammar)
+                    if self.grammar is not None:
+                        self.grammar.accept(token)
                 text, done = emit.take(token)
                 if text:
                     yield text
@@ -183,6 +203,17 @@ class SpeculativeGeneration:
         return room
 
     def _verify(self, token: int, draft: Draft) -> tuple[np.ndarray | None, int | None, list[int]]:
+        """Keep the guesses the target agrees with; a grammar moves on along what is kept."""
+        trial = self.grammar.clone() if self.grammar is not None else None
+        try:
+            return self._verify_along(token, draft, trial)
+        finally:
+            if trial is not None:      # the trial state is now the state after this round
+                self.grammar, old = trial, self.grammar
+                old.close()
+
+    def _verify_along(self, token: int, draft: Draft, trial: Grammar | None
+                      ) -> tuple[np.ndarray | None, int | None, list[int]]:
         batch, guesses = [token, *draft.tokens], draft.tokens
         base = len(self.cache.tokens)
         accepted: list[int] = []
@@ -197,7 +228,9 @@ class SpeculativeGeneration:
                 i = first + j                      # row i predicts the token after batch[i]
                 if i == len(guesses):              # every guess kept: row is the next logits
                     return row.copy(), None, accepted
-                verdict = self._judge(row, tail + accepted, guesses[i], draft, i)
+                verdict = self._judge(row, tail + accepted, guesses[i], draft, i, trial)
+                if trial is not None:
+                    trial.accept(guesses[i] if verdict is None else verdict)
                 if verdict is not None:            # rejected: drop the guesses' KV entries
                     rollback(self.cache, base + i + 1)
                     return None, verdict, accepted
@@ -205,13 +238,16 @@ class SpeculativeGeneration:
         raise AssertionError("the last row always ends verification")
 
     def _judge(self, row: np.ndarray, history: list[int], guess: int, draft: Draft,
-               i: int) -> int | None:
+               i: int, grammar: Grammar | None) -> int | None:
         if self.policy.greedy:
-            target = self.policy.choose(row, history)
+            target = self.policy.choose(row, history, grammar)
             return None if target == guess else target
-        p = self.policy.distribution(row, history)
+        p = self.policy.distribution(row, history, grammar)
         q = draft.q[i] if draft.q is not None else None
-        return accept_or_resample(p, guess, q, self.policy.rng)
+        verdict = accept_or_resample(p, guess, q, self.policy.rng)
+        if verdict == guess and grammar is not None:     # p == q with the guess outside both
+            return self.policy.draw(p)
+        return verdict
 
     def _tail(self) -> list[int]:
         return self.history[-HISTORY_TAIL:]

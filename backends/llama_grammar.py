@@ -1,0 +1,166 @@
+"""Constrained output through llama.cpp's own grammar sampler (GBNF), and llama-cpp-python's
+JSON-schema-to-GBNF converter. We write no grammar engine: this module only carries tokens and
+verdicts across the C boundary.
+
+llama.cpp aborts the process when a grammar is asked to accept a token it does not allow (an
+exception thrown through the C API, or GGML_ABORT for an end-of-generation token), so `accept` is
+only ever called with a token `allows`/`mask` has passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from localinfer.backends.llama_cpp import engine, init_engine
+from localinfer.errors import LocalinferError
+
+ROOT = b"root"
+# One llama_token_data (id, logit, p), as numpy sees it, so rows are filled without a Python loop.
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+
+class Grammar:
+    """One grammar's parse state over one vocabulary; a clone continues from the same state."""
+
+    def __init__(self, vocab: ctypes.c_void_p, n_vocab: int, gbnf: str, *,
+                 sampler: ctypes.c_void_p | None = None) -> None:
+        lib = engine()
+        self._vocab, self.n_vocab = vocab, n_vocab
+        self._sampler = sampler or lib.llama_sampler_init_grammar(vocab, gbnf.encode(), ROOT)
+        if not self._sampler:
+            raise LocalinferError("llama.cpp refused the grammar: "
+                                  + (grammar_error(gbnf) or "unknown reason"))
+        self._gbnf = gbnf
+        self._few = _TokenRows(16)
+        self._all: _TokenRows | None = None     # the whole vocabulary, made on first rejection
+
+    def allows(self, ids: np.ndarray) -> np.ndarray:
+        """Which of these token ids the grammar allows next (a bool per id)."""
+        rows = self._few if len(ids) <= self._few.capacity else _TokenRows(len(ids))
+        return self._apply(rows, ids)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of a logits row with every token the grammar does not allow set to -inf."""
+        if self._all is None:
+            self._all = _TokenRows(self.n_vocab)
+        ok = self._apply(self._all, np.arange(self.n_vocab, dtype=np.int32))
+        return np.where(ok, logits, np.float32(-np.inf))
+
+    def accept(self, token: int) -> None:
+        engine().llama_sampler_accept(self._sampler, token)
+
+    def clone(self) -> Grammar:
+        return Grammar(self._vocab, self.n_vocab, self._gbnf,
+                       sampler=engine().llama_sampler_clone(self._sampler))
+
+    def close(self) -> None:
+        if getattr(self, "_sampler", None):
+            engine().llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _apply(self, rows: _TokenRows, ids: np.ndarray) -> np.ndarray:
+        view = rows.view[:len(ids)]
+        view["id"] = ids
+        view["logit"] = 0.0
+        rows.array.size = len(ids)
+        rows.array.selected = -1
+        engine().llama_sampler_apply(self._sampler, ctypes.byref(rows.array))
+        return view["logit"] != -np.inf
+
+
+class _TokenRows:
+    """A llama_token_data_array with room for `capacity` rows, and a numpy view of its rows."""
+
+    def __init__(self, capacity: int) -> None:
+        lib = engine()
+        self.capacity = capacity
+        self._data = (lib.llama_token_data * capacity)()
+        self.view = np.frombuffer(self._data, dtype=_TOKEN_DATA, count=capacity)
+        self.array = lib.llama_token_data_array(
+            data=ctypes.cast(self._data, ctypes.POINTER(lib.llama_token_data)),
+            size=capacity, selected=-1, sorted=False)
+
+
+def schema_to_gbnf(schema: dict[str, Any]) -> str:
+    """llama-cpp-python's converter (llama.cpp's json_schema_to_grammar.py, vendored there)."""
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    return json_schema_to_gbnf(json.dumps(schema))
+
+
+def grammar_error(gbnf: str) -> str | None:
+    """Why llama.cpp's parser refuses this grammar, or None when it parses.
+
+    The parser needs no model: it runs here with no vocabulary, before any model loads. It
+    prints its reasons to the C stderr (or its log), so they are read back from there.
+    """
+    lib = engine()
+    log = init_engine(False)
+    with _captured_stderr() as captured:
+        sampler = lib.llama_sampler_init_grammar(None, gbnf.encode(), ROOT)
+    if sampler:
+        lib.llama_sampler_free(sampler)
+        return None
+    said = captured.read() + "\n" + "\n".join(log.recent)
+    if "no vocab to parse token" in said:
+        return None      # <token> references need the model's vocabulary: checked when loaded
+    return _reason(said, gbnf)
+
+
+def _reason(said: str, gbnf: str) -> str:
+    """`line L, column C: what` from llama.cpp's "error parsing grammar: WHAT at REST" line."""
+    marker = "error parsing grammar: "
+    if marker in said:
+        what = said.split(marker, 1)[1]
+        what = what.rsplit("\n\n" + gbnf, 1)[0] if gbnf else what
+        message, rest = _split_at_rest(what, gbnf)
+        if rest is not None:
+            offset = len(gbnf) - len(rest)
+            line = gbnf.count("\n", 0, offset) + 1
+            column = offset - (gbnf.rfind("\n", 0, offset) + 1) + 1
+            return f"line {line}, column {column}: {message}"
+        return message.strip().splitlines()[0]
+    for line in said.splitlines():
+        if "grammar" in line and ("root" in line or "recursion" in line or "undefined" in line):
+            return line.strip().rstrip(".")
+    return "it does not parse"
+
+
+def _split_at_rest(what: str, gbnf: str) -> tuple[str, str | None]:
+    """Split "expecting name at <rest of the grammar>" where <rest> ends the grammar's text."""
+    start = 0
+    while (at := what.find(" at ", start)) >= 0:
+        rest = what[at + 4:]
+        if rest and gbnf.endswith(rest):
+            return what[:at], rest
+        start = at + 1
+    return what, None
+
+
+class _captured_stderr:
+    """Redirects the process's file descriptor 2 (C code's stderr) to a temporary file."""
+
+    def __enter__(self):
+        self._file = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+
+    def read(self) -> str:
+        self._file.seek(0)
+        text = self._file.read(1 << 16).decode("utf-8", "replace")
+        self._file.close()
+        return text

@@ -32,9 +32,9 @@ class Grammar:
         lib = engine()
         self._vocab, self.n_vocab = vocab, n_vocab
         self._sampler = sampler or lib.llama_sampler_init_grammar(vocab, gbnf.encode(), ROOT)
-        if not self._sampler:
-            raise LocalinferError("llama.cpp refused the grammar: "
-                                  + (grammar_error(gbnf) or "unknown reason"))
+        if not self._sampler:    # checked before loading (grammar_error); what is left: <token>s
+            raise LocalinferError("llama.cpp refused the grammar for this model's vocabulary "
+                                  "(a <token> it does not have?); -v shows llama.cpp's reason")
         self._gbnf = gbnf
         self._few = _TokenRows(16)
         self._all: _TokenRows | None = None     # the whole vocabulary, made on first rejection
@@ -89,12 +89,18 @@ class _TokenRows:
             size=capacity, selected=-1, sorted=False)
 
 
+# The vendored converter's string character lets raw control characters through, which JSON
+# forbids (json.loads refuses them); llama.cpp's current converter writes this rule instead.
+_LOOSE_CHAR = r'char ::= [^"\\] |'
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
 def schema_to_gbnf(schema: dict[str, Any]) -> str:
     """llama-cpp-python's converter (llama.cpp's json_schema_to_grammar.py, vendored there)."""
     import json
 
     from llama_cpp.llama_grammar import json_schema_to_gbnf
-    return json_schema_to_gbnf(json.dumps(schema))
+    return json_schema_to_gbnf(json.dumps(schema)).replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
 def grammar_error(gbnf: str) -> str | None:

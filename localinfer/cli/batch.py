@@ -39,21 +39,29 @@ def map_lines(
     offline: bool = offline_option("Never download; fail if not on disk."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not restore prompts from the "
                                   "prompt cache."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", help="Each answer is one "
+                                              "JSON document valid against this schema (a file "
+                                              "or inline JSON)."),
+    grammar: Optional[str] = typer.Option(None, "--grammar", help="Each answer follows this "
+                                          "GBNF grammar file."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
 ) -> None:
     """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order."""
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams
+    from localinfer.engine.structured import from_options
     if PLACEHOLDER not in template:
         raise UsageError(f"the template has no {PLACEHOLDER} for the line")
     params = SamplingParams(temperature=temp, seed=seed)     # refused before anything loads
+    output = from_options(json_schema, grammar)
     lines = _input_lines()
     _, batch = open_batch(model, parallel=parallel, ctx=ctx, quant=quant, memory_=memory_,
                           threads=threads, offline=offline)
     try:
         failed = _answer(batch, lines, template, params, Limits(max_tokens, tuple(stop)),
-                         system=system, raw=raw, jsonl=as_jsonl, use_cache=not no_cache)
+                         system=system, raw=raw, jsonl=as_jsonl, use_cache=not no_cache,
+                         gbnf=output.gbnf if output else None)
     finally:
         batch.close()
     if failed:
@@ -83,16 +91,19 @@ def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str 
     return ref, SequenceBatch(path, options, parallel + 1)
 
 
-def _answer(batch, lines, template, params, limits, *, system, raw, jsonl, use_cache) -> int:
+def _answer(batch, lines, template, params, limits, *, system, raw, jsonl, use_cache,
+            gbnf) -> int:
     """Run every line through the scheduler, printing answers in input order; the failures."""
     from localinfer.cache import prompt_cache
     from localinfer.engine.scheduler import Scheduler
-    jobs = _jobs(batch.session, lines, template, params, limits, system=system, raw=raw)
+    jobs = _jobs(batch.session, lines, template, params, limits, system=system, raw=raw,
+                 gbnf=gbnf)
     printer = _InOrder(lines, jsonl)
     prefix = _shared_prefix([j.prompt for j in jobs])
     with console.progress_bar("answering") as progress:
         def done(job) -> None:
             printer.finished(job)
+            job.sampler = None          # its grammar, if any, is freed with it
             if progress:
                 progress(printer.count, len(jobs), "")
         store = prompt_cache.open_for(batch.session, enabled=use_cache)
@@ -100,7 +111,7 @@ def _answer(batch, lines, template, params, limits, *, system, raw, jsonl, use_c
     return printer.failed
 
 
-def _jobs(session, lines, template, params, limits, *, system, raw):
+def _jobs(session, lines, template, params, limits, *, system, raw, gbnf):
     from dataclasses import replace
 
     from localinfer.engine.prompt import PromptText, prompt_tokens
@@ -110,9 +121,23 @@ def _jobs(session, lines, template, params, limits, *, system, raw):
     for i, line in enumerate(lines):
         seeded = params if params.seed in (None, -1) else replace(params, seed=params.seed + i)
         text = template.replace(PLACEHOLDER, line)
-        jobs.append(Job(prompt_tokens(session, PromptText(text, 0, system, raw)),
-                        make_sampler(seeded), limits, index=i))
+        sampler = _constrained(seeded, session, gbnf) if gbnf else make_sampler(seeded)
+        jobs.append(Job(prompt_tokens(session, PromptText(text, 0, system, raw)), sampler,
+                        limits, index=i))
     return jobs
+
+
+def _constrained(params, session, gbnf: str):
+    """A constrained sampler whose grammar is made when its line's answer starts (and dropped
+    when it ends): a grammar's parse state for every line of a long input at once is memory."""
+    from localinfer.engine.constrain import ConstrainedSampler
+    made = []
+
+    def sample(logits, history) -> int:
+        if not made:
+            made.append(ConstrainedSampler(params, session.grammar(gbnf)))
+        return made[0](logits, history)
+    return sample
 
 
 def _shared_prefix(prompts: list[list[int]]) -> list[int]:

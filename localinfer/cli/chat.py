@@ -22,7 +22,7 @@ from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel
 from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, reply_room
-from localinfer.engine.sampling import Sampler
+from localinfer.engine.sampling import Sampler, SamplingParams, make_sampler
 from localinfer.engine.structured import OutputFormat, incomplete
 from localinfer.errors import ContextOverflow
 
@@ -52,11 +52,12 @@ class _Chat:
                      f"{grown.session.n_ctx:,} tokens")
 
 
-def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: Limits,
+def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, limits: Limits,
          verbose: bool = False, use_cache: bool = True, grow: Grow | None = None,
          output: OutputFormat | None = None) -> None:
     """The chat loop; `grow` (None: the context is fixed) reloads the model with a larger one;
     `output` constrains every reply (each starts its grammar afresh)."""
+    sampler = make_sampler(params)      # one random stream for the whole conversation
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
@@ -100,8 +101,8 @@ def repl(loaded: LoadedModel, sampler: Sampler, *, system: str | None, limits: L
         messages.append({"role": "user", "content": line})
         try:
             tokens = _fitted_tokens(chat, system, messages, limits)
-            reply, finish = _reply(chat.cache, tokens, _constrained(sampler, output, chat.loaded),
-                                   limits, chat.loaded, verbose)
+            constrained = _constrained(sampler, params, output, chat.loaded)
+            reply, finish = _reply(chat.cache, tokens, constrained, limits, chat.loaded, verbose)
             problem = incomplete(output, reply, finish) if output else None
             if problem:
                 console.error(problem)
@@ -163,10 +164,11 @@ def growing(*, ctx: int, kv_type: str | None, memory_budget: str | None,
     return grow
 
 
-def _constrained(sampler: Sampler, output: OutputFormat | None, loaded: LoadedModel) -> Sampler:
+def _constrained(sampler: Sampler, params: SamplingParams, output: OutputFormat | None,
+                 loaded: LoadedModel) -> Sampler:
     if output is None:
         return sampler
-    return ConstrainedSampler(sampler, loaded.session.grammar(output.gbnf))
+    return ConstrainedSampler(params, loaded.session.grammar(output.gbnf))
 
 
 def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,

@@ -83,7 +83,7 @@ def run(
     from localinfer.cache import prompt_cache
     from localinfer.engine.decode import Limits
     from localinfer.engine.prompt import uses_chat_template
-    from localinfer.engine.sampling import SamplingParams, make_sampler
+    from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
     from localinfer.fit.request import Request
     _check_max_tokens(max_tokens)
@@ -98,7 +98,7 @@ def run(
         from localinfer.cli import chat as chat_repl
         ref, options, _ = fit_model(model, **fit)
         loaded = open_ref(ref, backend=backend, offline=offline, options=options)
-        chat_repl.repl(loaded, make_sampler(params), system=system, limits=limits, output=output,
+        chat_repl.repl(loaded, params, system=system, limits=limits, output=output,
                        grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                               gpu_layers=parse_gpu_layers(gpu_layers),
                                               options=options))
@@ -155,9 +155,8 @@ def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, 
     grammar = loaded.session.grammar(output.gbnf) if output else None
 
     def plain() -> Generation:
-        sampler = make_sampler(params)
-        return Generation(cache, tokens, ConstrainedSampler(sampler, grammar) if grammar
-                          else sampler, limits)
+        sampler = ConstrainedSampler(params, grammar) if grammar else make_sampler(params)
+        return Generation(cache, tokens, sampler, limits)
     if draft_max == 0:
         return plain()
     from localinfer.speculate import choose
@@ -201,17 +200,17 @@ def chat(
     """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
     from localinfer.cli import chat as chat_repl
     from localinfer.engine.decode import Limits
-    from localinfer.engine.sampling import SamplingParams, make_sampler
+    from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
     _check_max_tokens(max_tokens)
-    sampler = make_sampler(SamplingParams(temperature=temp, seed=seed))
+    params = SamplingParams(temperature=temp, seed=seed)
     check_backend(backend)
     output = from_options(json_schema, grammar)
     ref, options, _ = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type,
                                 memory_budget=memory_, threads=threads, verbose=verbose,
                                 offline=offline, gpu_layers=gpu_layers)
     loaded = open_ref(ref, backend=backend, offline=offline, options=options)
-    chat_repl.repl(loaded, sampler, system=system, limits=Limits(max_tokens), verbose=verbose,
+    chat_repl.repl(loaded, params, system=system, limits=Limits(max_tokens), verbose=verbose,
                    use_cache=not no_cache, output=output,
                    grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                           gpu_layers=parse_gpu_layers(gpu_layers),

@@ -18,7 +18,7 @@ Sampler = Callable[[np.ndarray, Sequence[int]], int]
 
 # Without top-k, candidates are the logits within this many nats of the best one (at temperature 1):
 # anything further has probability below e^-30 relative to the top token.
-_FAR_BELOW = 30.0
+FAR_BELOW = 30.0
 # llama.cpp's command-line tools take seed -1 to mean a random seed; so does --seed here.
 RANDOM_SEED = -1
 
@@ -117,7 +117,7 @@ def _top_candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
     if 0 < top_k < n:
         return np.argpartition(logits, n - top_k)[n - top_k:]
     # No top-k: drop the long tail that cannot be drawn anyway, so the sort stays small.
-    return np.flatnonzero(logits >= logits.max() - _FAR_BELOW)
+    return np.flatnonzero(logits >= logits.max() - FAR_BELOW)
 
 
 def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:

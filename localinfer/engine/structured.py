@@ -55,8 +55,9 @@ def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat |
     return None
 
 
-def from_schema(schema: Any, where: str) -> OutputFormat:
-    """A parsed JSON schema (from a file, or an API request's response_format), checked."""
+def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputFormat:
+    """A parsed JSON schema (from a file, or an API request's response_format), checked;
+    `check_parse=False` leaves llama.cpp's parse of the converted grammar to the caller."""
     if not isinstance(schema, dict):
         raise UsageError(f"{where}: the schema must be a JSON object")
     check_schema(schema, where)
@@ -65,7 +66,8 @@ def from_schema(schema: Any, where: str) -> OutputFormat:
         gbnf = schema_to_gbnf(schema)
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise UsageError(f"{where}: cannot turn this schema into a grammar: {e}") from e
-    _check_grammar(gbnf, where)
+    if check_parse:
+        _check_grammar(gbnf, where)
     return OutputFormat(gbnf, True, where)
 
 

@@ -22,10 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Limits
 from localinfer.engine.prompt import chat_tokens, raw_tokens, uses_chat_template
 from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.engine.scheduler import Job
+from localinfer.engine.structured import from_schema
+from localinfer.errors import LocalinferError
 
 MAX_BODY = 4 << 20            # bytes of one request body
 ROLES = ("system", "user", "assistant")
@@ -181,7 +184,39 @@ def _job(body: dict, served: Served, *, chat: bool) -> tuple[Job, bool]:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", "stream")
-    return Job(tokens, make_sampler(params), Limits(limit, _stops(body.get("stop")))), stream
+    schema = _response_schema(body.get("response_format"))
+    sampler = make_sampler(params) if schema is None else _constrained(params, schema, session)
+    return Job(tokens, sampler, Limits(limit, _stops(body.get("stop")))), stream
+
+
+def _response_schema(response_format) -> dict | None:
+    """The JSON schema an answer must match: OpenAI's {"type": "json_schema", "json_schema":
+    {"schema": ...}}, or {"type": "json_object"} (any object, or llama-server's "schema")."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return response_format.get("schema") or {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise BadRequest("response_format.json_schema needs a 'schema'", "response_format")
+        return spec["schema"]
+    raise BadRequest("response_format.type must be text, json_object or json_schema",
+                     "response_format")
+
+
+def _constrained(params: SamplingParams, schema, session) -> ConstrainedSampler:
+    """The same check and grammar as `run --json-schema` (llama.cpp's own parse of the
+    converter's grammar is left to the grammar sampler: the check's stderr capture would take
+    the server's own log lines with it)."""
+    try:
+        gbnf = from_schema(schema, "response_format", check_parse=False).gbnf
+        return ConstrainedSampler(params, session.grammar(gbnf))
+    except LocalinferError as e:          # a UsageError is one too
+        raise BadRequest(str(e), "response_format") from None
 
 
 def _messages(messages) -> list[dict[str, str]]:

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from localinfer.backends import Grammar
-from localinfer.engine.constrain import constrained_distribution, pick
+from localinfer.engine.constrain import Constraint
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, apply_repeat_penalty,
@@ -66,6 +66,7 @@ class SamplingPolicy:
         self.greedy = params.temperature == 0
         self.rng = rng or np.random.default_rng(params.rng_seed)
         self._plain = make_sampler(params)   # greedy choices go through the plain sampler itself
+        self.constraint = Constraint(params)
 
     def choose(self, logits: np.ndarray, history: Sequence[int],
                grammar: Grammar | None = None) -> int:
@@ -73,21 +74,19 @@ class SamplingPolicy:
         if self.greedy:
             if grammar is None:
                 return self._plain(logits, history)
-            return pick(self._plain, logits, history, grammar)
+            return self.constraint.choose(logits, history, grammar)
         return self.draw(self.distribution(logits, history, grammar))
 
     def distribution(self, logits: np.ndarray, history: Sequence[int],
                      grammar: Grammar | None = None) -> Distribution:
+        if grammar is not None and not self.greedy:
+            return self.constraint.distribution(logits, history, grammar)
         p = self.params
         if p.repeat_penalty != 1.0 and history:
             logits = apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
         if self.greedy:
             return np.array([int(np.argmax(logits))]), np.array([1.0])
-        filtered = candidate_probs(logits, p)
-        if grammar is None:
-            return filtered
-        return constrained_distribution(filtered, logits, grammar,
-                                        lambda row: candidate_probs(row, p))
+        return candidate_probs(logits, p)
 
     def draw(self, dist: Distribution) -> int:
         ids, probs = dist

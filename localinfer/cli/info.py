@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 
 from localinfer.cli import console
+from localinfer.models import gguf_split
 from localinfer.models.gguf_checks import check_model
 from localinfer.models.gguf_header import ArrayInfo
 from localinfer.models.refs import ModelRef
@@ -25,7 +26,7 @@ def describe(ref: ModelRef, store: Store) -> dict:
         facts.update(on_disk=False, architecture=ref.spec.architecture,
                      parameters=ref.spec.parameters, context_length=ref.spec.context_length)
         return facts
-    facts.update(on_disk=True, path=str(path), file_size=path.stat().st_size)
+    facts.update(on_disk=True, path=str(path))
     facts.update(_from_header(path))
     facts["memory"] = memory_table(path)
     return facts
@@ -44,7 +45,8 @@ def memory_table(path) -> dict[str, dict[str, int]]:
 
 
 def _from_header(path) -> dict:
-    header = check_model(path)      # a damaged file is reported as such, not described
+    # A damaged file is reported as such, not described; a split model counts all its parts.
+    header, size = gguf_split.whole_model(path, check_model(path))
     meta = header.metadata
     arch = str(meta.get("general.architecture", "unknown"))
 
@@ -58,6 +60,8 @@ def _from_header(path) -> dict:
         type_bytes[t.type_name] += t.n_bytes
         type_count[t.type_name] += 1
     return {
+        "file_size": size,
+        **({"parts": gguf_split.split_count(header)} if gguf_split.split_count(header) > 1 else {}),
         "architecture": arch,
         "name": meta.get("general.name"),
         "parameters": sum(t.n_elements for t in header.tensors),

@@ -22,11 +22,16 @@ def register(app: typer.Typer) -> None:
     app.command()(devices)
 
 
-def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT].")) -> None:
+def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or "
+                                   "hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf.")) -> None:
     """Download a model into the store (tries each source in order)."""
-    from localinfer.models import fetch
+    from localinfer.models import fetch, hub
     _, cat, store = refs.context()
-    ref = refs.parse_ref(model, cat)
+    if hub.is_hub_ref(model):       # the repository's listing is taken again
+        spec, quant = hub.resolve(model, store, offline=False, refresh=True, notify=console.note)
+        ref = refs.variant_ref(spec, quant, store)
+    else:
+        ref = refs.parse_ref(model, cat)
     if ref.spec is None:
         raise UsageError("pull takes a catalogue name, not a file path")
     path = fetch.ensure(ref.spec, ref.spec.variant(ref.quant), store,
@@ -44,30 +49,55 @@ def list_models(
                  ", ".join(spec.aliases)] for spec in cat.models.values()]
         console.print_table(["NAME", "QUANTS", "PARAMS", "KIND", "ALIASES"], rows)
         return
-    rows = [[m.name, m.quant, human_size(m.size), str(m.path)] for m in store.installed()]
+    rows = [[_shown_name(store, m.name), m.quant, human_size(m.size), str(m.path)]
+            for m in store.installed()]
     if not rows:
         console.note("no models on disk yet; `localinfer pull NAME` or `localinfer list --catalogue`")
         return
     console.print_table(["NAME", "QUANT", "SIZE", "PATH"], rows)
 
 
-def rm(model: str = typer.Argument(..., help="NAME (every quant) or NAME:QUANT.")) -> None:
+def _shown_name(store, name: str) -> str:
+    """A store folder's name as a user types it: `hf:OWNER/REPO` for a model from the Hub."""
+    from localinfer.models import hub
+    repo = hub.stored_repo(store, name)
+    return f"hf:{repo}" if repo else name
+
+
+def rm(model: str = typer.Argument(..., help="NAME (every quant) or NAME:QUANT; hf:OWNER/REPO"
+                                   "[:QUANT] for a model from the Hub.")) -> None:
     """Delete a model from the store."""
-    from localinfer.models import store_sweep
+    from localinfer.models import hub, store_sweep
     _, cat, store = refs.context()
-    name, _, quant = model.partition(":")
-    spec = cat.get(name)
-    stored_name = spec.name if spec else name
+    if hub.is_hub_ref(model):
+        stored_name, quant = _hub_target(model, store)
+    else:
+        name, _, quant = model.partition(":")
+        spec = cat.get(name)
+        stored_name = spec.name if spec else name
     store_sweep.sweep(store)        # temporary files that killed writers left go too
     removed = store.remove(stored_name, quant.upper() or None)
+    if not quant:                   # the whole model: its Hub listing goes with it
+        removed += hub.remove_listing(store, stored_name)
     if not removed:
         raise UsageError(f"{model} is not on disk (`localinfer list` shows what is)")
     for path in removed:
         console.note(f"removed {path}")
 
 
+def _hub_target(model: str, store) -> tuple[str, str]:
+    """The store folder and quant tag (or '') an `hf:` reference names, without asking the Hub."""
+    from localinfer.models import hub
+    ref = hub.parse(model)
+    if ref.file is None:
+        return hub.store_name(ref.repo), ref.quant or ""
+    _, quant = hub.resolve(model, store, offline=True)
+    return hub.store_name(ref.repo), quant
+
+
 def info(
-    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path."),
+    model: str = typer.Argument(..., help="Catalogue name[:QUANT], hf:OWNER/REPO[:QUANT] or a "
+                                "path to a .gguf file."),
     as_json: bool = json_option(),
 ) -> None:
     """Facts about a model: architecture, size, layers, heads, vocabulary, tensor types."""

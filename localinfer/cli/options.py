@@ -148,8 +148,8 @@ def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions,
     --gpu-layers value) places its layers as `run` would, None keeps `options`'."""
     check_backend(backend)
     _, cat, _ = refs.context()
-    return open_ref(refs.parse_ref(model, cat), backend=backend, offline=offline, options=options,
-                    gpu_layers=gpu_layers)
+    return open_ref(refs.parse_ref(model, cat, offline=offline, notify=console.note),
+                    backend=backend, offline=offline, options=options, gpu_layers=gpu_layers)
 
 
 def open_ref(ref: refs.ModelRef, *, backend: str, offline: bool, options: LoadOptions,

@@ -68,15 +68,14 @@ def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_b
         raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
     fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx)
     _, cat, store = refs.context()
-    if quant.lower() != "auto" and ":" not in model and not refs.looks_like_path(model):
-        model = f"{model}:{quant}"
-    ref = refs.parse_ref(model, cat)
-    if ref.path is not None or ":" in model:
+    model = refs.with_quant(model, quant)
+    ref = refs.parse_ref(model, cat, offline=offline, notify=notify)
+    if ref.path is not None or refs.names_quant(model):
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
             return Resolved(ref, n_ctx, kv_type or "f16", (), _as_asked(gpu_layers))
         smaller = ("`localinfer quantize`" if ref.path else
-                   f"`{ref.spec.name}` with --quant auto picks or makes one")
+                   f"`{ref.spec.display_name}` with --quant auto picks or makes one")
         return _fixed(ref, memory.facts_from_file(path), fitting, smaller)
     if not any(m.name == ref.spec.name for m in store.installed()):
         # Nothing on disk to read the model's facts from: pull the default variant, then fit.
@@ -123,10 +122,11 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
     else:
         smallest = min((c for c in candidates if c.on_disk), key=lambda c: c.facts.file_size)
         quant, placement = _quantize_to_fit(spec.name, on_disk, fitting, smallest,
+                                            shown=spec.display_name,
                                             notify=notify, quantize_bar=quantize_bar)
     notes = placement.notes
     if quant != spec.default_quant:
-        notes = (f"using {spec.name}:{quant}, the most precise variant that fits", *notes)
+        notes = (f"using {spec.display_name}:{quant}, the most precise variant that fits", *notes)
     return Resolved(refs.variant_ref(spec, quant, store), placement.n_ctx, placement.kv_type,
                     notes, placement.gpu_layers)
 
@@ -149,10 +149,12 @@ def place_file(path: Path, *, n_ctx: int, kv_type: str | None = None,
 
 
 def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
-                     smallest: rules.Candidate, *, notify: Notify,
-                     quantize_bar: QuantizeBar) -> tuple[str, rules.Placement]:
+                     smallest: rules.Candidate, *, notify: Notify, quantize_bar: QuantizeBar,
+                     shown: str = "") -> tuple[str, rules.Placement]:
     """Quantize the most precise variant on disk into the best type that fits; keep it in the
-    store. Plans come from llama.cpp's dry run, so each size is exact before anything is written."""
+    store. Plans come from llama.cpp's dry run, so each size is exact before anything is written.
+    `shown` names the model in messages (`name` by default; `hf:OWNER/REPO` for a Hub model)."""
+    shown = shown or name
     from localinfer.quant import quantize
     source_quant = quantize.best_on_disk(list(on_disk))
     source = on_disk[source_quant]
@@ -168,13 +170,13 @@ def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
         if placement.fits:
             detail = "; requantizing costs a little quality" if plan.requantized_types else ""
             _make(source, name, qtype, quantize_bar=quantize_bar, notify=notify,
-                  message=f"quantizing {name}:{source_quant} to {qtype} to fit the memory budget "
-                          f"(once: kept in the store as {name}:{qtype}{detail})")
+                  message=f"quantizing {shown}:{source_quant} to {qtype} to fit the memory budget "
+                          f"(once: kept in the store as {shown}:{qtype}{detail})")
             return qtype, placement
         if planned.file_size < smallest.facts.file_size:
             smallest = rules.Candidate(qtype, planned, False)
     raise LocalinferError(rules.does_not_fit(
-        f"{name} (smallest: {smallest.quant})", smallest.facts, fitting.machine, fitting.budget,
+        f"{shown} (smallest: {smallest.quant})", smallest.facts, fitting.machine, fitting.budget,
         kv_type=fitting.kv_type, smaller_quant=None, gpu_layers=fitting.gpu_layers))
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from localinfer.models import gguf_split
 from localinfer.models.gguf_checks import checked_header
 from localinfer.models.gguf_header import ArrayInfo, Header
 
@@ -102,8 +103,9 @@ class Estimate:
 
 # -- facts from a GGUF header ----------------------------------------------------------------------
 def facts_from_file(path: Path) -> ModelFacts:
-    # Checked: block_count, head counts and sizes are whole numbers in llama.cpp's ranges.
-    return facts_from_header(checked_header(path), path.stat().st_size)
+    # Checked: block_count, head counts and sizes are whole numbers in llama.cpp's ranges. A split
+    # model counts the bytes and tensors of all its parts.
+    return facts_from_header(*gguf_split.whole_model(path, checked_header(path)))
 
 
 def facts_from_header(header: Header, file_size: int) -> ModelFacts:

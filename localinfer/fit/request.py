@@ -198,15 +198,14 @@ def _vocabulary_file(model: str, fit: dict) -> tuple[Path, str]:
     first if none is on disk, as `auto.resolve` would; and the model's name for messages."""
     _, cat, store = refs.context()
     quant = str(fit.get("quant", "auto"))
-    if quant.lower() != "auto" and ":" not in model and not refs.looks_like_path(model):
-        model = f"{model}:{quant}"
-    ref = refs.parse_ref(model, cat)
+    model = refs.with_quant(model, quant)
+    ref = refs.parse_ref(model, cat, offline=bool(fit.get("offline")))
     if ref.path is not None:
         return ref.path, ref.display
-    found = store.find(ref.spec.name, ref.quant) if ":" in model else next(
+    found = store.find(ref.spec.name, ref.quant) if refs.names_quant(model) else next(
         (m.path for m in store.installed() if m.name == ref.spec.name), None)
     if found is None:
         found = refs.locate(ref, store, offline=bool(fit.get("offline")),
                             progress=bool(fit.get("progress")),
                             notify=fit.get("notify") or (lambda _: None))
-    return found, ref.spec.name
+    return found, ref.spec.display_name

@@ -18,14 +18,26 @@ from localinfer.models import catalogue_check
 
 
 @dataclass(frozen=True)
+class HubFile:
+    """One file of a Hub repository as its listing describes it (models.hub)."""
+
+    path: str
+    size: int
+    sha256: str | None          # of an LFS file (every model file); None for one kept in git
+
+
+@dataclass(frozen=True)
 class HubSource:
-    """One file in a Hugging Face Hub model repository."""
+    """One file in a Hugging Face Hub model repository, or every part of a split GGUF in it."""
 
     repo: str
     file: str
+    revision: str | None = None     # the commit a listing was taken at; None: the default branch
+    parts: tuple[HubFile, ...] = ()  # a split model: each part in order (`file` is the first)
 
     def describe(self) -> str:
-        return f"hub {self.repo}/{self.file}"
+        more = f" (+{len(self.parts) - 1} parts)" if len(self.parts) > 1 else ""
+        return f"hub {self.repo}/{self.file}{more}"
 
 
 @dataclass(frozen=True)
@@ -68,11 +80,17 @@ class ModelSpec:
     draft: str
     description: str
     variants: dict[str, Variant]
+    hub_repo: str = ""              # OWNER/REPO for a model listed from the Hub (models.hub)
+
+    @property
+    def display_name(self) -> str:
+        """The name a user types for it: the catalogue name, or `hf:OWNER/REPO`."""
+        return f"hf:{self.hub_repo}" if self.hub_repo else self.name
 
     def variant(self, quant: str | None) -> Variant:
         quant = normalise_quant(quant or self.default_quant)
         if quant not in self.variants:
-            raise UsageError(f"{self.name} has no quant {quant}; "
+            raise UsageError(f"{self.display_name} has no quant {quant}; "
                              f"available: {', '.join(self.variants)}")
         return self.variants[quant]
 

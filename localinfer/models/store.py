@@ -1,7 +1,8 @@
 """The model store: verified GGUF files on disk, one per model and quant.
 
-Layout: `<models_dir>/<name>/<name>-<QUANT>.gguf`, locks in `.locks/`, resumable downloads in
-`.partial/<name>/<QUANT>/`. A file only appears under its final name by an atomic rename after it
+Layout: `<models_dir>/<name>/<name>-<QUANT>.gguf` (a split model: its parts side by side as
+`<name>-<QUANT>-0000K-of-0000N.gguf`, as llama.cpp loads them), locks in `.locks/`, resumable
+downloads in `.partial/<name>/<QUANT>/`. A file only appears under its final name by an atomic rename after it
 was verified, so whatever is listed here is whole.
 
 Names and quant tags come from the catalogue, the user's config and the command line; they become
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from localinfer.errors import LocalinferError, UsageError
+from localinfer.models.gguf_split import SPLIT_NAME, part_name
 
 try:
     import fcntl
@@ -63,11 +65,12 @@ def to_safe_name(text: str) -> str:
 class StoredModel:
     name: str
     quant: str
-    path: Path
+    path: Path                      # the file to load: a split model's first part
+    parts: tuple[Path, ...] = ()    # every part of a split model, in order
 
     @property
     def size(self) -> int:
-        return self.path.stat().st_size
+        return sum(p.stat().st_size for p in self.parts or (self.path,))
 
 
 class Store:
@@ -85,18 +88,41 @@ class Store:
         check_name(quant, "quant tag")
         return self._inside(self.root / ".partial" / name / quant)
 
+    def split_path(self, name: str, quant: str, no: int, count: int) -> Path:
+        """Where part `no` (from 1) of a model split in `count` files goes."""
+        check_name(name)
+        check_name(quant, "quant tag")
+        return self._inside(self.root / name / part_name(f"{name}-{quant}", no, count))
+
     def find(self, name: str, quant: str) -> Path | None:
+        """The file to load for a model and quant: the whole file, or the first part of a split
+        model whose parts are all there; None when neither is."""
         path = self.path_for(name, quant)
-        return path if path.is_file() else None
+        if path.is_file():
+            return path
+        split = next((m for m in self._in_folder(path.parent) if m.quant == quant), None)
+        return split.path if split else None
 
     def installed(self) -> list[StoredModel]:
+        return [m for folder in self.model_folders() for m in self._in_folder(folder)]
+
+    def _in_folder(self, folder: Path) -> list[StoredModel]:
+        """The models in one folder: whole files, and split models with every part there."""
         found: list[StoredModel] = []
-        for folder in self.model_folders():
-            prefix = f"{folder.name}-"
-            for f in sorted(folder.glob("*.gguf")):
-                quant = f.stem[len(prefix):]
-                if f.stem.startswith(prefix) and is_safe_name(quant):
-                    found.append(StoredModel(folder.name, quant, f))
+        prefix = f"{folder.name}-"
+        for f in sorted(folder.glob("*.gguf")) if folder.is_dir() else ():
+            if not f.stem.startswith(prefix):
+                continue
+            split = SPLIT_NAME.fullmatch(f.name)
+            if split is None:
+                if is_safe_name(f.stem[len(prefix):]):
+                    found.append(StoredModel(folder.name, f.stem[len(prefix):], f))
+                continue
+            quant, count = split["prefix"][len(prefix):], int(split["count"])
+            parts = tuple(f.with_name(part_name(split["prefix"], k, count))
+                          for k in range(1, count + 1))
+            if split["no"] == "00001" and is_safe_name(quant) and all(p.is_file() for p in parts):
+                found.append(StoredModel(folder.name, quant, f, parts))
         return found
 
     def model_folders(self) -> list[Path]:
@@ -112,8 +138,7 @@ class Store:
         check_name(name)
         if quant is not None:
             check_name(quant, "quant tag")
-        targets = [m.path for m in self.installed()
-                   if m.name == name and (quant is None or m.quant == quant)]
+        targets = self._files_of(name, quant)
         for path in targets:
             self._inside(path).unlink(missing_ok=True)
         folder = self.root / name
@@ -121,6 +146,20 @@ class Store:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty
         return targets + self._remove_downloads(name, quant)
+
+    def _files_of(self, name: str, quant: str | None) -> list[Path]:
+        """A model's files (every quant, or one): whole files and split parts, also the parts of
+        a split model whose publishing was cut short (its first part comes last)."""
+        files = [m.path for m in self.installed() if m.name == name and quant in (None, m.quant)
+                 and not m.parts]
+        folder = self.root / name
+        real = folder.is_dir() and not folder.is_symlink()    # never a link out of the store
+        for f in sorted(folder.glob("*.gguf")) if real else ():
+            split = SPLIT_NAME.fullmatch(f.name)
+            tag = split["prefix"].removeprefix(f"{name}-") if split else ""
+            if split and split["prefix"] != tag and is_safe_name(tag) and quant in (None, tag):
+                files.append(f)
+        return files
 
     def _remove_downloads(self, name: str, quant: str | None) -> list[Path]:
         """Pieces of interrupted pulls of this model, unless a pull is resuming them right now."""

@@ -46,13 +46,13 @@ def _source(model: str, qtype: str, *, offline: bool, progress: bool,
         assert path is not None
         return path, quantize.store_name_for(path)
     _, cat, store = refs.context()
-    ref = refs.parse_ref(model, cat)
+    ref = refs.parse_ref(model, cat, offline=offline, notify=notify)
     if ref.spec is None:
         assert ref.path is not None
         return ref.path, quantize.store_name_for(ref.path)
     if ref.path is not None:                    # a locally made NAME:QUANT
         return ref.path, ref.spec.name
-    if ":" not in model:                        # no quant named: the most precise one on disk
+    if not refs.names_quant(model):             # no quant named: the most precise one on disk
         on_disk = {m.quant: m.path for m in store.installed()
                    if m.name == ref.spec.name and m.quant != qtype}   # not the target itself
         best = quantize.best_on_disk(list(on_disk))

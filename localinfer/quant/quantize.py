@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from localinfer.errors import LocalinferError, UsageError
+from localinfer.models import gguf_split
 from localinfer.models.gguf_checks import checked_header
 from localinfer.models.gguf_header import BLOCK_SIZES, Header, read_header
 from localinfer.models.store import temp_path, to_safe_name
@@ -85,7 +86,8 @@ _TARGET = re.compile(r"->.*\((\w+)\)\s*$")
 def plan(src: Path, qtype: str, *, imatrix: Imatrix | None = None) -> QuantPlan:
     """Exact outcome of quantizing `src` to `qtype`, without writing anything."""
     from localinfer.backends import llama_quantize
-    header = checked_header(src)     # what the quantizer would abort on, refused first
+    # What the quantizer would abort on, refused first; a split model's tensors are in all parts.
+    header, _ = gguf_split.whole_model(src, checked_header(src))
     targets: dict[str, str] = {}
     needs_imatrix = [False]
 
@@ -168,7 +170,8 @@ def quantize_file(src: Path, dst: Path, qtype: str, *, threads: int = 0,
     """
     qtype = parse_type(qtype)
     src, dst = Path(src), Path(dst)
-    header = checked_header(src)    # a clear line for a damaged input, before llama.cpp aborts on it
+    # A clear line for a damaged input, before llama.cpp aborts on it; all parts of a split model.
+    header, _ = gguf_split.whole_model(src, checked_header(src))
     _check_paths(src, dst, force=force)
     if imatrix is not None:
         check_imatrix(imatrix, header)
@@ -280,7 +283,9 @@ _QUANT_SUFFIX = re.compile(r"[.\-_](" + "|".join(sorted(QUANT_TYPES, key=len, re
 def store_name_for(path: Path) -> str:
     """The store name for a model given as a file: its stem without a quant suffix, lower case,
     other characters than the safe-name rule allows turned into '-'."""
-    name = to_safe_name(_QUANT_SUFFIX.sub("", path.stem)) or to_safe_name(path.stem)
+    split = gguf_split.SPLIT_NAME.fullmatch(path.name)     # a split model's first part
+    stem = split["prefix"] if split else path.stem
+    name = to_safe_name(_QUANT_SUFFIX.sub("", stem)) or to_safe_name(stem)
     if not name:
         raise UsageError(f"cannot make a model name from {path.name!r}; "
                          "rename the file or pass -o to write elsewhere")

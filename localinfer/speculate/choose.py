@@ -41,7 +41,7 @@ def open_drafter(choice: str, target: LoadedModel, *, options: LoadOptions, offl
         path = self_draft(target, notify=notify)
         return _draft_model(path, f"self ({path.name})", target, options)
     _, cat, store = refs.context()
-    ref = refs.parse_ref(choice, cat)
+    ref = refs.parse_ref(choice, cat, offline=offline, notify=notify)
     path = refs.locate(ref, store, offline=offline, progress=False, notify=notify)
     return _draft_model(path, ref.display, target, options)
 

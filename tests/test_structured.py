@@ -1,0 +1,325 @@
+"""Structured output (--json-schema, --grammar): answers parse and validate, on both real models,
+greedy and sampled, with and without speculation, and bad schemas and grammars are refused in one
+line before any model loads. Answers are validated with `jsonschema`, a validator independent of
+the grammar that produced them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from conftest import SMOLLM, run_cli
+
+from localinfer.backends import LoadOptions
+from localinfer.engine import constrain
+from localinfer.engine.constrain import Constraint, ConstrainedSampler
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.load import LoadedModel, load_model
+from localinfer.engine.prompt import chat_tokens, raw_tokens
+from localinfer.engine.sampling import SamplingParams, candidate_probs
+from localinfer.engine.structured import from_schema
+from localinfer.models import refs
+from localinfer.speculate import choose
+from localinfer.speculate.drafters import Draft, PromptLookup
+from localinfer.speculate.verify import SamplingPolicy, accept_or_resample
+
+PERSON = {"type": "object", "required": ["name", "age", "city", "languages", "employed"],
+          "properties": {"name": {"type": "string", "maxLength": 40},
+                         "age": {"type": "integer"},
+                         "city": {"type": "string", "maxLength": 30},
+                         "languages": {"type": "array", "minItems": 1, "maxItems": 3,
+                                       "items": {"type": "string", "enum": ["en", "fr", "de"]}},
+                         "employed": {"type": "boolean"},
+                         "height": {"type": "number"}}}
+PEOPLE = {"type": "object", "required": ["people"],
+          "properties": {"people": {"type": "array", "items": PERSON,
+                                    "minItems": 4, "maxItems": 4}}}
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_home(in_models_home):
+    yield
+
+
+def _load(path: Path, backend: str = "llama.cpp") -> LoadedModel:
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return load_model(ref, path, backend=backend, options=LoadOptions(n_ctx=2048))
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    loaded = _load(smollm_path)
+    yield loaded
+    loaded.session.close()
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    loaded = _load(gemma_path)
+    yield loaded
+    loaded.session.close()
+
+
+def _prompt(loaded: LoadedModel, text: str) -> list[int]:
+    s = loaded.session
+    if s.chat_template:
+        return chat_tokens(s, [{"role": "user", "content": text}])
+    return raw_tokens(s, text)
+
+
+def _constrained(loaded: LoadedModel, schema: dict, text: str, params=GREEDY,
+                 max_tokens: int = 400) -> tuple[str, Generation]:
+    grammar = loaded.session.grammar(from_schema(schema, "test").gbnf)
+    generation = Generation(KVCache(loaded.session, None), _prompt(loaded, text),
+                            ConstrainedSampler(params, grammar), Limits(max_tokens))
+    return "".join(generation), generation
+
+
+def _valid(text: str, schema: dict) -> dict:
+    document = json.loads(text)
+    jsonschema.validate(document, schema)
+    return document
+
+
+# -- answers validate ---------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["smollm", "gemma"])
+def test_greedy_answer_validates_and_the_windowed_mask_changes_nothing(request, model,
+                                                                       monkeypatch):
+    loaded = request.getfixturevalue(model)
+    text, generation = _constrained(loaded, PEOPLE, "Four fictional people as JSON:")
+    assert generation.stats.finish_reason == "stop"
+    assert len(_valid(text, PEOPLE)["people"]) == 4
+    # Masks that ask about the likeliest tokens first pick what a mask of the whole vocabulary does.
+    monkeypatch.setattr(constrain, "WINDOWS", ())
+    assert _constrained(loaded, PEOPLE, "Four fictional people as JSON:")[0] == text
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_answers_validate(smollm, seed):
+    params = SamplingParams(temperature=1.0, seed=seed)
+    text, _ = _constrained(smollm, PERSON, "Describe someone as JSON.", params)
+    _valid(text, PERSON)
+
+
+def test_sampled_answers_validate_without_top_k_and_with_a_repeat_penalty(gemma):
+    params = SamplingParams(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0,
+                            repeat_penalty=1.3, seed=7)
+    _valid(_constrained(gemma, PERSON, "A person in JSON:", params)[0], PERSON)
+
+
+# -- speculation ----------------------------------------------------------------------------------
+class _Hostile:
+    """Proposes tokens the grammar cannot allow (and the model would not pick): all rejected."""
+
+    name = "hostile"
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def prepare(self, prompt) -> None:
+        pass
+
+    def propose(self, context, n, policy) -> Draft:
+        return Draft(tokens=(self.tokens * n)[:n])
+
+    def close(self) -> None:
+        pass
+
+
+def _speculative(loaded: LoadedModel, schema: dict, prompt: list[int], drafter, *,
+                 chunk: int | None = None):
+    grammar = loaded.session.grammar(from_schema(schema, "test").gbnf)
+    generation = choose.speculative(loaded, KVCache(loaded.session, None), prompt, GREEDY,
+                                    Limits(400), drafter, max_draft=6, chunk=chunk,
+                                    adaptive=False, grammar=grammar)
+    return "".join(generation), generation.stats
+
+
+def test_speculation_keeps_the_constrained_answer_and_never_a_rejected_guess(smollm):
+    prompt = _prompt(smollm, "Four fictional people as JSON:")
+    plain, _ = _constrained(smollm, PEOPLE, "Four fictional people as JSON:")
+    bad = smollm.session.tokenize(" zebra!!", special=False)
+    hostile, stats = _speculative(smollm, PEOPLE, prompt, _Hostile(bad))
+    assert hostile == plain and stats.drafted > 0 and stats.accepted == 0
+    lookup, stats = _speculative(smollm, PEOPLE, prompt, PromptLookup())
+    assert lookup == plain and stats.accepted > 0
+
+
+def test_speculation_over_a_long_document_equals_plain_constrained(gemma):
+    """Copying names out of a long document: lookup drafts are long and mostly right, and the
+    grammar's state must follow every kept guess and every correction."""
+    names = ["Alice Martin", "Bruno Keller", "Chloé Dubois", "Dmitri Ivanov", "Eva Lind"]
+    document = " ".join(f"Record {i}: {n} works in the archive and files report {i * 7}."
+                        for i in range(60) for n in [names[i % 5]])
+    schema = {"type": "object", "required": ["names"],
+              "properties": {"names": {"type": "array", "minItems": 5, "maxItems": 5,
+                                       "items": {"type": "string", "enum": names}}}}
+    text = f"{document}\nThe five people in these records, as JSON: "
+    prompt = raw_tokens(gemma.session, text)
+    assert len(prompt) > 1000
+    plain, _ = _constrained(gemma, schema, text)
+    _valid(plain, schema)
+    for chunk in (1, 4):
+        spec, stats = _speculative(gemma, schema, prompt, PromptLookup(), chunk=chunk)
+        assert spec == plain, chunk
+        assert stats.drafted > 0
+
+
+# -- the constrained distribution (a fake grammar: exact counts need a fixed vocabulary) -----------
+class _Allowed:
+    """A grammar that allows a fixed set of token ids, for the sampler's arithmetic."""
+
+    def __init__(self, allowed: set[int], n_vocab: int) -> None:
+        self.allowed, self.n_vocab = allowed, n_vocab
+
+    def allows(self, ids):
+        return np.array([int(i) in self.allowed for i in ids])
+
+    def mask(self, logits):
+        ok = self.allows(np.arange(self.n_vocab))
+        return np.where(ok, logits, -np.inf)
+
+
+def test_choose_draws_from_the_distribution_the_speculative_rule_uses():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 2, 300).astype(np.float32)
+    grammar = _Allowed(set(range(0, 300, 7)), 300)
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, seed=11)
+    constraint = Constraint(params)
+    ids, probs = constraint.distribution(logits, [], grammar)
+    assert set(ids.tolist()) <= grammar.allowed and abs(probs.sum() - 1) < 1e-9
+    counts = np.zeros(300)
+    draws = 40_000
+    for _ in range(draws):
+        counts[constraint.choose(logits, [], grammar)] += 1
+    expected = np.zeros(300)
+    expected[ids] = probs
+    assert np.abs(counts / draws - expected).max() < 0.01
+    assert counts[[t for t in range(300) if t not in grammar.allowed]].sum() == 0
+
+
+def test_without_filters_the_constrained_distribution_is_the_masked_one():
+    logits = np.random.default_rng(1).normal(0, 1, 200).astype(np.float32)
+    grammar = _Allowed({3, 50, 51, 199}, 200)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    ids, probs = Constraint(params).distribution(logits, [], grammar)
+    want_ids, want = candidate_probs(grammar.mask(logits), params)
+    got = dict(zip(ids.tolist(), probs.tolist()))
+    assert got == pytest.approx(dict(zip(want_ids.tolist(), want.tolist())))
+
+
+def test_the_acceptance_rule_never_keeps_a_guess_the_grammar_rejects():
+    logits = np.random.default_rng(2).normal(0, 1, 100).astype(np.float32)
+    grammar = _Allowed({1, 2, 3}, 100)
+    policy = SamplingPolicy(SamplingParams(temperature=1.0, seed=5))
+    p = policy.distribution(logits, [], grammar)
+    for guess in (0, 50, 99):       # each disallowed, proposed with certainty or with q
+        for q in (None, (np.array([guess]), np.array([1.0]))):
+            for _ in range(200):
+                assert accept_or_resample(p, guess, q, policy.rng) in grammar.allowed
+
+
+# -- other backends: their grammar runs over the same llama.cpp vocabulary ----------------------
+def test_onnx_backend_answer_validates(smollm_path):
+    loaded = _load(smollm_path, "onnx")
+    try:
+        schema = {"type": "object", "required": ["city", "country"],
+                  "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+        _valid(_constrained(loaded, schema, "Paris is in France. Extract city and country.",
+                            max_tokens=60)[0], schema)
+    finally:
+        loaded.session.close()
+
+
+# -- the command line ------------------------------------------------------------------------------
+def test_run_prints_one_valid_document_and_the_cache_and_speculation_keep_it(models_home,
+                                                                            tmp_path):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    # Long enough for the prompt cache (it keeps prompts from 128 tokens).
+    story = " ".join(f"Day {i}: the village baker opened at six and sold bread." for i in range(12))
+    args = ("run", SMOLLM, f"{story}\nDescribe the baker as a person.", "--json-schema",
+            str(schema), "--temp", "0", "--offline")
+    first = run_cli(*args, "--draft", "none")
+    assert first.returncode == 0, first.stderr
+    _valid(first.stdout, PERSON)
+    again = run_cli(*args, "--json")                 # prompt cache warm, --draft auto
+    record = json.loads(again.stdout)
+    assert record["text"] + "\n" == first.stdout and record["cached_tokens"] > 0
+
+
+def test_grammar_file_and_stop_strings(models_home, tmp_path):
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "The answer is " ("yes" | "no") "."\n')
+    args = ("run", SMOLLM, "Is water wet?", "--grammar", str(grammar), "--temp", "0", "--offline")
+    full = run_cli(*args)
+    assert full.returncode == 0, full.stderr
+    assert full.stdout in ("The answer is yes.\n", "The answer is no.\n")
+    stopped = run_cli(*args, "--stop", " is")
+    assert stopped.returncode == 0 and stopped.stdout == "The answer\n"
+
+
+def test_an_answer_cut_short_is_a_failure_in_one_line(models_home):
+    cut = run_cli("run", SMOLLM, "A person.", "--json-schema", json.dumps(PERSON), "--temp", "0",
+                  "-n", "5", "--offline")
+    assert cut.returncode == 1
+    assert cut.stderr.strip().splitlines() == [
+        "localinfer: error: the answer reached -n/--max-tokens before its JSON document was complete; "
+        "stdout holds the partial document"]
+
+
+def test_map_and_chat_constrain_every_answer(models_home):
+    schema = {"type": "object", "required": ["city", "country"],
+              "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+    lines = "Paris is the capital of France.\nBerlin is in Germany.\n"
+    mapped = run_cli("map", SMOLLM, "Extract the city and country: {}", "--temp", "0",
+                     "--json-schema", json.dumps(schema), "--offline", input=lines)
+    assert mapped.returncode == 0, mapped.stderr
+    assert [_valid(line, schema)["city"] for line in mapped.stdout.splitlines()] == \
+        ["Paris", "Berlin"]
+    chat = run_cli("chat", SMOLLM, "--temp", "0", "--json-schema", json.dumps(schema),
+                   "--offline", input=lines)
+    assert chat.returncode == 0, chat.stderr
+    replies = [line for line in chat.stdout.splitlines() if line.strip()]
+    assert len(replies) == 2 and all(_valid(r, schema) for r in replies)
+
+
+# -- bad input: one line, exit 2, before any model loads (the model named does not exist) ----------
+BAD = [
+    (["--json-schema", '{"type": "object",'], "--json-schema: not JSON: "
+     "Expecting property name enclosed in double quotes at line 1, column 19"),
+    (["--json-schema", '{"type": "object", "properties": {"age": {"type": "integer", '
+      '"minimum": 0}}}'], "the keyword 'minimum' at /properties/age/minimum is not supported"),
+    (["--json-schema", '{"type": "array", "items": {"type": "string"}, "maxItems": 1000000000}'],
+     "/maxItems must be a whole number from 0 to 1000"),
+    (["--json-schema", '{"$ref": "https://example.org/schema.json"}'],
+     "a $ref outside this schema (nothing is fetched) at /$ref is not supported"),
+    (["--json-schema", '{"type": "object", "required": ["name"]}'],
+     "a required property with no schema in properties ('name') at /required is not supported"),
+    (["--json-schema", '{"type": "strin"}'], "/type: unknown type 'strin'"),
+    (["--json-schema", "no-such-schema.json"], "--json-schema no-such-schema.json: no such file"),
+    (["--grammar", "GRAMMAR:root ::= (\"a\" | \"b\"\n"], "line 2, column 1: expecting ')'"),
+    (["--grammar", 'GRAMMAR:root ::= "a" tail\n'], "Undefined rule identifier 'tail'"),
+    (["--grammar", 'GRAMMAR:start ::= "a"\n'], "grammar does not contain a 'root' symbol"),
+    (["--grammar", "GRAMMAR:root ::= root \"a\"\n"], "left recursion"),
+    (["--grammar", "GRAMMAR:x", "--json-schema", "{}"], "cannot be used together"),
+]
+
+
+@pytest.mark.parametrize("options, said", BAD, ids=[said[:40] for _, said in BAD])
+def test_bad_schemas_and_grammars_are_refused_before_loading(tmp_path, options, said):
+    options = list(options)
+    for i, value in enumerate(options):
+        if value.startswith("GRAMMAR:"):
+            path = tmp_path / "g.gbnf"
+            path.write_text(value[len("GRAMMAR:"):])
+            options[i] = str(path)
+    result = run_cli("run", "no-such-model", "hi", *options, "--offline", home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], result.stderr

@@ -316,6 +316,18 @@ def test_one_file_by_name_and_offline_without_the_hub(hub, hub_home, expected):
     assert json.loads(by_part.stdout)["parts"] == 3
 
 
+def test_chat_template_and_prompt_cache(hub, hub_home, files):
+    """The chat template comes from the file, and the second run restores the prompt's cache."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 40 + "Name a colour."  # cached
+    args = (prompt, "--temp", "0", "-n", "8", "--draft", "none", "-v", "--offline")
+    plain = run_cli("run", str(files["Q4_1"]), *args[:-2], "--no-cache", home=hub_home)
+    first = cli(hub, hub_home, "run", f"hf:{REPO}:Q4_1", *args)
+    again = cli(hub, hub_home, "run", f"hf:{REPO}:Q4_1", *args)
+    assert plain.returncode == first.returncode == again.returncode == 0, again.stderr
+    assert plain.stdout == first.stdout == again.stdout
+    assert "prompt cache: hit" in again.stderr and "prompt cache: hit" not in first.stderr
+
+
 def test_draft_from_the_same_repository(hub, hub_home, expected):
     result = cli(hub, hub_home, "run", f"hf:{REPO}:Q4_1", PROMPT, "--raw", "--temp", "0",
                  "-n", "12", "--no-cache", "--draft", f"hf:{REPO}:Q4_0", "-v")

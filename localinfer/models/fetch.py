@@ -36,8 +36,8 @@ def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = F
     if on_disk.usable:
         return on_disk.path
     if offline:
-        raise FetchError(on_disk.problem or f"{spec.name}:{variant.quant} is not on disk and "
-                         "--offline forbids pulling it")
+        raise FetchError(on_disk.problem or f"{spec.display_name}:{variant.quant} is not on disk "
+                         "and --offline forbids pulling it")
     store_sweep.sweep(store)
     with store.lock(spec.name, variant.quant):
         again = _check_on_disk(store, spec, variant, notify)   # another process may have finished
@@ -76,8 +76,8 @@ def _check_on_disk(store: Store, spec: ModelSpec, variant: Variant, notify: Noti
     said = f"size = {variant.size} in {variant.defined_in}"
     if variant.sha256 is None:
         raise LocalinferError(f"{path} is {size} bytes but {said}; the file is kept and not used: "
-                              f"correct the size, or `localinfer rm {spec.name}:{variant.quant}` "
-                              "and pull again")
+                              "correct the size, or `localinfer rm "
+                              f"{spec.display_name}:{variant.quant}` and pull again")
     if sha256_of(path) == variant.sha256.lower():
         notify(f"{said} is wrong: {path.name} is {size} bytes and matches the sha256; using it")
         return OnDisk(path, True)

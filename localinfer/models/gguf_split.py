@@ -1,7 +1,7 @@
 """Split GGUF models: one model in N files named `PREFIX-0000K-of-0000N.gguf`, side by side.
 
 llama.cpp loads such a model from its first part: it reads `split.count` from that part's header
-and opens `PREFIX-00002-of-0000N.gguf` and so on beside it (llama_split_path, "%s-%05d-of-%05d.gguf").
+and opens `PREFIX-00002-of-0000N.gguf` and the others beside it (llama_split_path's names).
 The first part carries every metadata key and some tensors; the others carry only `split.*` keys
 and their share of the tensors, each part a GGUF file of its own. So a check of a split model reads
 every part's header before llama.cpp opens any, and what counts a model's bytes or tensors (memory

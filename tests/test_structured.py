@@ -308,6 +308,10 @@ BAD = [
     (["--grammar", 'GRAMMAR:start ::= "a"\n'], "grammar does not contain a 'root' symbol"),
     (["--grammar", "GRAMMAR:root ::= root \"a\"\n"], "left recursion"),
     (["--grammar", "GRAMMAR:x", "--json-schema", "{}"], "cannot be used together"),
+    # llama.cpp's parser overflows its stack (a crash) on nesting like this.
+    (["--grammar", "GRAMMAR:root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000],
+     "groups nested more than 2000 deep"),
+    (["--grammar", "GRAMMAR:root ::= \"a\"\n" + "# padding\n" * 30_000], "is over 256 KiB"),
 ]
 
 

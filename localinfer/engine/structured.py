@@ -16,7 +16,12 @@ from typing import Any
 
 from localinfer.errors import UsageError
 
-MAX_SOURCE_BYTES = 1 << 20          # a schema or grammar file; real ones are a few KiB
+MAX_SOURCE_BYTES = 1 << 20          # a schema file; real ones are a few KiB
+# llama.cpp's grammar parser recurses per nesting level and per rule it follows: it overflowed
+# the stack (a crash) at 20,000 nested groups and at a 100,000-rule chain, and ran at 10,000 and
+# 60,000. Grammar files stay far below both; the converter's output needs about 1,000.
+MAX_GRAMMAR_BYTES = 256 << 10
+MAX_NESTING = 2_000
 MAX_REPEAT = 1000                   # minItems/maxItems/minLength/maxLength
 MAX_DEPTH = 64                      # nesting of subschemas
 MAX_NODES = 10_000                  # subschemas in all
@@ -49,7 +54,7 @@ def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat |
         return from_schema(_parse_json(text, where), where)
     if grammar is not None:
         where = f"--grammar {grammar}"
-        text = _read(Path(grammar), where)
+        text = _read(Path(grammar), where, MAX_GRAMMAR_BYTES)
         _check_grammar(text, where)
         return OutputFormat(text, False, where)
     return None
@@ -66,8 +71,7 @@ def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputF
         gbnf = schema_to_gbnf(schema)
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise UsageError(f"{where}: cannot turn this schema into a grammar: {e}") from e
-    if check_parse:
-        _check_grammar(gbnf, where)
+    _check_grammar(gbnf, where, parse=check_parse)
     return OutputFormat(gbnf, True, where)
 
 
@@ -93,13 +97,13 @@ def _schema_text(value: str) -> tuple[str, str]:
             raise UsageError(f"--json-schema: the schema is over {MAX_SOURCE_BYTES >> 20} MiB")
         return value, "--json-schema"
     where = f"--json-schema {value}"
-    return _read(Path(value), where), where
+    return _read(Path(value), where, MAX_SOURCE_BYTES), where
 
 
-def _read(path: Path, where: str) -> str:
+def _read(path: Path, where: str, limit: int) -> str:
     try:
-        if path.stat().st_size > MAX_SOURCE_BYTES:
-            raise UsageError(f"{where}: the file is over {MAX_SOURCE_BYTES >> 20} MiB")
+        if path.stat().st_size > limit:
+            raise UsageError(f"{where}: the file is over {limit >> 10} KiB")
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{where}: no such file") from None
@@ -119,13 +123,37 @@ def _parse_json(text: str, where: str) -> Any:
         raise UsageError(f"{where}: nested too deeply") from None
 
 
-def _check_grammar(gbnf: str, where: str) -> None:
+def _check_grammar(gbnf: str, where: str, *, parse: bool = True) -> None:
     from localinfer.backends.llama_grammar import grammar_error
     if not gbnf.strip():
         raise UsageError(f"{where}: the grammar is empty")
-    problem = grammar_error(gbnf)
+    if _nesting(gbnf) > MAX_NESTING:
+        raise UsageError(f"{where}: groups nested more than {MAX_NESTING} deep")
+    problem = grammar_error(gbnf) if parse else None
     if problem:
         raise UsageError(f"{where}: the grammar does not parse: {problem}")
+
+
+def _nesting(gbnf: str) -> int:
+    """The deepest nesting of ( ) groups, outside "literals", [classes] and # comments."""
+    depth = deepest = 0
+    closing, escaped = "", False
+    for c in gbnf:
+        if closing:                      # inside a literal, a class or a comment
+            if escaped:
+                escaped = False
+            elif c == "\\" and closing != "\n":
+                escaped = True
+            elif c == closing:
+                closing = ""
+        elif c in '"[#':
+            closing = {'"': '"', "[": "]", "#": "\n"}[c]
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+    return deepest
 
 
 # -- the schema check ---------------------------------------------------------------------------

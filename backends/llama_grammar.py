@@ -146,7 +146,7 @@ def _split_at_rest(what: str, gbnf: str) -> tuple[str, str | None]:
     start = 0
     while (at := what.find(" at ", start)) >= 0:
         rest = what[at + 4:]
-        if rest and gbnf.endswith(rest):
+        if gbnf.endswith(rest):          # "" too: the error is at the very end
             return what[:at], rest
         start = at + 1
     return what, None

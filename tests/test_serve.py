@@ -98,6 +98,20 @@ def test_a_streamed_chat_completion_adds_up_to_the_whole_one(client):
     assert text == whole and chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_response_format_json_schema_gives_a_valid_document(client):
+    import jsonschema
+    schema = {"type": "object", "required": ["colour", "hex"], "additionalProperties": False,
+              "properties": {"colour": {"type": "string", "maxLength": 20},
+                             "hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}}}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a colour and its hex code."}],
+        temperature=0, max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "colour", "strict": True,
+                                                                "schema": schema}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    assert reply.choices[0].finish_reason == "stop"
+
+
 def test_a_completion_with_a_stop_string(client):
     done = client.completions.create(model=MODEL, prompt="One, two, three, four,", temperature=0,
                                      max_tokens=20, stop=[","])
@@ -123,6 +137,12 @@ def test_an_unknown_model_is_a_404(client):
                  "seed": -5}).encode(), "'seed' must be an integer from -1"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x " * 2000}]}).encode(),
      "a request here may use"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                 "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+                     "type": "integer", "minimum": 3}}}}).encode(),
+     "response_format: the keyword 'minimum' at /minimum is not supported"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                 "response_format": {"type": "yaml"}}).encode(), "response_format.type"),
 ])
 def test_bad_bodies_are_400s_in_openai_shape(server, body, words):
     status, reply = _post(server + "/v1/chat/completions", body)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import SMOLLM, run_cli
 
-from localinfer.backends import LoadOptions
+from localinfer.backends import LoadOptions, available_backends
 from localinfer.engine import constrain
 from localinfer.engine.constrain import Constraint, ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits
@@ -225,8 +225,11 @@ def test_the_acceptance_rule_never_keeps_a_guess_the_grammar_rejects():
 
 
 # -- other backends: their grammar runs over the same llama.cpp vocabulary ----------------------
-def test_onnx_backend_answer_validates(smollm_path):
-    loaded = _load(smollm_path, "onnx")
+@pytest.mark.parametrize("backend", ["onnx", "mlx"])
+def test_other_backends_answers_validate(smollm_path, backend):
+    if not available_backends()[backend]:
+        pytest.skip(f"{backend} is not installed here")
+    loaded = _load(smollm_path, backend)
     try:
         schema = {"type": "object", "required": ["city", "country"],
                   "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}

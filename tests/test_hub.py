@@ -314,6 +314,9 @@ def test_one_file_by_name_and_offline_without_the_hub(hub, hub_home, expected):
     assert result.stdout == expected["Q4_1"]
     by_part = cli(hub, hub_home, "info", f"hf:{REPO}/{SPLIT[0]}", "--json", url=gone)
     assert json.loads(by_part.stdout)["parts"] == 3
+    # The Hub's names are case-insensitive, and so is the store's folder for them.
+    other_case = cli(hub, hub_home, "info", f"hf:{REPO.upper()}:Q4_1", "--json", url=gone)
+    assert json.loads(other_case.stdout)["on_disk"] is True, other_case.stderr
 
 
 def test_chat_template_and_prompt_cache(hub, hub_home, files):

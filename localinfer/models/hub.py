@@ -157,7 +157,9 @@ def fetch_listing(repo: str) -> Listing:
     for sibling in info.siblings or []:
         sha = sibling.lfs.sha256 if sibling.lfs else None
         files.append(HubFile(sibling.rfilename, sibling.size, sha))
-    listing = _checked({"repo": repo, "revision": info.sha,
+    # The Hub's own spelling of the name when it answers for another case of it.
+    canonical = info.id if isinstance(info.id, str) and info.id.lower() == repo.lower() else repo
+    listing = _checked({"repo": canonical, "revision": info.sha,
                         "files": [f.__dict__ for f in files]}, repo)
     if listing is None:
         raise FetchError(f"hf:{repo}: the Hub's answer is not a listing this version understands")

@@ -18,7 +18,15 @@ from localinfer.units import human_size
 def describe(ref: ModelRef, store: Store) -> dict:
     path = ref.path or store.find(ref.spec.name, ref.quant)
     facts: dict = {"model": ref.display}
-    if ref.spec is not None:
+    if ref.spec is not None and ref.spec.hub_repo:     # from a Hub listing: its files' facts
+        spec = ref.spec
+        facts.update(hub_repository=spec.hub_repo, store_name=spec.name,
+                     quants=list(spec.variants),
+                     sizes={q: v.size for q, v in spec.variants.items()})
+        if path is None:
+            facts.update(on_disk=False)
+            return facts
+    elif ref.spec is not None:
         spec = ref.spec
         facts.update(catalogue_name=spec.name, family=spec.family, kind=spec.kind,
                      license=spec.license, quants=list(spec.variants), draft=spec.draft or None)
@@ -95,6 +103,8 @@ def show(facts: dict, *, as_json: bool) -> None:
             value = ", ".join(f"{k} {v['bytes'] / total:.0%} ({v['tensors']})" for k, v in value.items())
         elif key == "file_size":
             value = human_size(value)
+        elif key == "sizes":
+            value = ", ".join(f"{q} {human_size(n)}" for q, n in value.items())
         elif key == "parameters" and isinstance(value, int):
             value = f"{value / 1e6:.1f}M" if value < 1e9 else f"{value / 1e9:.2f}B"
         elif isinstance(value, list):

@@ -68,6 +68,14 @@ class Repo:
         return data
 
 
+def _byte_range(header: str, size: int) -> tuple[int, int]:
+    """[start, end) of a `Range: bytes=START-[END]` request; the whole file otherwise."""
+    first, _, last = header.removeprefix("bytes=").partition("-")
+    if not header.startswith("bytes=") or not first.isdigit():
+        return 0, size
+    return int(first), min(int(last) + 1, size) if last.isdigit() else size
+
+
 def _sha256(content: Path | bytes) -> str:
     if isinstance(content, bytes):
         return hashlib.sha256(content).hexdigest()
@@ -84,7 +92,8 @@ class HubStandIn(ThreadingHTTPServer):
     def __init__(self, repos: dict[str, Repo]) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.repos = {name.lower(): (name, repo) for name, repo in repos.items()}
-        self.downloads: list[str] = []      # each GET of a file, as REPO/FILE
+        self.downloads: list[str] = []      # each GET of a file to its end, as REPO/FILE
+        self.peeks: list[str] = []          # each GET of a file's first bytes only
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
 
@@ -144,19 +153,20 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "RevisionNotFound")
         if name not in repo.files:
             return self._error(404, "EntryNotFound")
-        size, start = repo.size(name), 0
-        ranged = self.headers.get("Range", "")
-        if ranged.startswith("bytes=") and ranged[6:].split("-")[0].isdigit():
-            start = int(ranged[6:].split("-")[0])
+        size = repo.size(name)
+        start, end = _byte_range(self.headers.get("Range", ""), size)
         headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{repo.sha[name]}"',
                    "X-Linked-Etag": f'"{repo.sha[name]}"', "X-Linked-Size": str(size),
                    "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-        if start:
-            headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
-        if body:
+        partial = (start, end) != (0, size)
+        if partial:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        if body and end == size:        # a download (or its resumption), not a peek at a header
             self.server.downloads.append(f"{repo_name}/{name}")
-        self._send(206 if start else 200, repo.read(name, start, size) if body else b"",
-                   headers, length=size - start)
+        elif body:
+            self.server.peeks.append(f"{repo_name}/{name}")
+        self._send(206 if partial else 200, repo.read(name, start, end) if body else b"",
+                   headers, length=end - start)
 
     def _error(self, status: int, code: str) -> None:
         self._send(status, b'{"error": "not found"}', {"X-Error-Code": code} if code else {})
@@ -382,14 +392,15 @@ def test_rm_one_quant_then_the_model(hub, hub_home):
 
 
 def test_auto_fit_picks_among_the_listed_quants(hub, tmp_path):
-    before = len(hub.downloads)
+    before, peeked = len(hub.downloads), len(hub.peeks)
     result = cli(hub, tmp_path / "home", "run", f"hf:{REPO}", PROMPT, "--raw", "--temp", "0",
                  "-n", "4", "--draft", "none")
     assert result.returncode == 0, result.stderr
-    # Nothing on disk: the repository's usual default comes first (Q4_0 of these), then auto-fit
-    # takes the most precise quant that fits, from the listing's sizes.
+    # Nothing on disk: the header of the repository's usual default (Q4_0 of these, its first
+    # part) is read from the Hub, and auto-fit pulls only the most precise quant that fits.
     assert f"using hf:{REPO}:Q4_1, the most precise variant that fits" in result.stderr
-    assert hub.downloads[before:] == [f"{REPO}/{s}" for s in SPLIT] + [f"{REPO}/{WHOLE}"]
+    assert hub.downloads[before:] == [f"{REPO}/{WHOLE}"]
+    assert hub.peeks[peeked:] == [f"{REPO}/{SPLIT[0]}"]
 
 
 # -- what goes wrong -------------------------------------------------------------------------------

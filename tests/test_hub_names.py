@@ -170,3 +170,18 @@ def test_a_damaged_later_part_is_refused(split_parts, tmp_path):
     parts[1].write_bytes(bytes(data))                   # cut short
     with pytest.raises(ModelLoadError, match="m-Q4_1-00002-of-00003.gguf"):
         gguf_checks.check_model(parts[0])
+
+
+def test_a_header_from_the_first_bytes_of_a_file(smollm_path):
+    """What auto-fit reads from the Hub before pulling: a file's start, parsed as its header."""
+    from localinfer.models.gguf_header import parse_start, read_header
+    size = smollm_path.stat().st_size
+    with open(smollm_path, "rb") as f:
+        start = f.read(4 << 20)
+    assert parse_start(start[:100_000], size, "m.gguf") is None      # ends inside the vocabulary
+    header = parse_start(start, size, "m.gguf")
+    assert header is not None and header.tensors == read_header(smollm_path).tensors
+    with pytest.raises(ModelLoadError, match="truncated"):            # the data runs past its end
+        parse_start(start, len(start), "m.gguf")
+    with pytest.raises(ModelLoadError, match="not a GGUF"):
+        parse_start(b"<html>", size, "m.gguf")

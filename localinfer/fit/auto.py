@@ -78,9 +78,47 @@ def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_b
                    f"`{ref.spec.display_name}` with --quant auto picks or makes one")
         return _fixed(ref, memory.facts_from_file(path), fitting, smaller)
     if not any(m.name == ref.spec.name for m in store.installed()):
-        # Nothing on disk to read the model's facts from: pull the default variant, then fit.
+        # Nothing on disk to read the model's facts from: pull the variant that fits by the facts
+        # of a Hub file's header (read remotely), else the default variant; then fit.
+        if ref.spec.hub_repo and not offline:
+            ref = _first_from_hub(ref, store, fitting)
         refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
     return _best_variant(ref.spec, store, fitting, notify=notify, quantize_bar=quantize_bar)
+
+
+def first_pull(ref: refs.ModelRef, store, *, n_ctx: int = 0, kv_type: str | None = None,
+               memory_budget: str | None = None, gpu_layers: int | None = None) -> refs.ModelRef:
+    """The variant of a model with nothing on disk to pull first: for a Hub model the one that
+    fits by its header read remotely (see `_first_from_hub`), else `ref` (its default)."""
+    if ref.spec is None or not ref.spec.hub_repo:
+        return ref
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers)
+    return _first_from_hub(ref, store, fitting)
+
+
+def _first_from_hub(ref: refs.ModelRef, store, fitting: Fitting) -> refs.ModelRef:
+    """The most precise listed quant that fits, judged by the default quant's header (a few MB
+    read from the Hub) scaled to each file's size; `ref` itself when none fits or the header
+    cannot be read (the pull then says why, or quantize-to-fit starts from the default)."""
+    from localinfer.models import hub
+    spec = ref.spec
+    try:
+        header, size = hub.remote_header(spec, spec.default_quant)
+    except LocalinferError:
+        return ref
+    base = memory.facts_from_header(header, size)
+    candidates = [rules.Candidate(q, _scaled(base, v.size), False)
+                  for q, v in spec.variants.items() if v.size]
+    choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
+                                  n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type,
+                                  gpu_layers=fitting.gpu_layers, min_ctx=fitting.min_ctx)
+    return refs.variant_ref(spec, choice[0].quant, store) if choice else ref
+
+
+def _scaled(base: memory.ModelFacts, size: int) -> memory.ModelFacts:
+    """A variant's facts from another variant's: the same model, its weights `size` bytes."""
+    return replace(base, file_size=size,
+                   repackable_bytes=int(base.repackable_bytes * size / base.file_size))
 
 
 def _machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.Budget]:
@@ -111,9 +149,7 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
     base = candidates[0].facts
     for quant, variant in spec.variants.items():
         if quant not in on_disk and variant.size:   # pullable, with a known size to reason about
-            scaled = replace(base, file_size=variant.size,
-                             repackable_bytes=int(base.repackable_bytes * variant.size / base.file_size))
-            candidates.append(rules.Candidate(quant, scaled, False))
+            candidates.append(rules.Candidate(quant, _scaled(base, variant.size), False))
     choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
                                 n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type,
                                 gpu_layers=fitting.gpu_layers, min_ctx=fitting.min_ctx)

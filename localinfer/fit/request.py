@@ -205,6 +205,11 @@ def _vocabulary_file(model: str, fit: dict) -> tuple[Path, str]:
     found = store.find(ref.spec.name, ref.quant) if refs.names_quant(model) else next(
         (m.path for m in store.installed() if m.name == ref.spec.name), None)
     if found is None:
+        if not fit.get("offline") and not refs.names_quant(model):   # a Hub model: the quant
+            # that fits, judged by a header read remotely
+            ref = auto.first_pull(ref, store, kv_type=fit.get("kv_type"),
+                                  memory_budget=fit.get("memory_budget"),
+                                  gpu_layers=fit.get("gpu_layers"))
         found = refs.locate(ref, store, offline=bool(fit.get("offline")),
                             progress=bool(fit.get("progress")),
                             notify=fit.get("notify") or (lambda _: None))

@@ -228,6 +228,26 @@ def _parse(buf, path: Path) -> Header:
         raise ModelLoadError(f"{path} is truncated or corrupt (bad GGUF header)") from None
 
 
+def parse_start(buf: bytes, file_size: int, name: str) -> Header | None:
+    """The header of a file of `file_size` bytes from its first bytes `buf` (a remote file's start,
+    read with a range request); None when `buf` may end before the header does. The same checks
+    as `read_header`, the tensor data's extent against `file_size`."""
+    if buf[:4] != b"GGUF":
+        raise ModelLoadError(f"{name} is not a GGUF model file")
+    cur = _Cursor(buf)
+    cur.pos = 4
+    try:
+        return _read(cur, file_size)
+    except CorruptFile as e:
+        if len(buf) < file_size:      # perhaps only cut short here
+            return None
+        raise ModelLoadError(f"{name} is not a valid GGUF file: {e}") from None
+    except (struct.error, OverflowError):
+        if len(buf) < file_size:
+            return None
+        raise ModelLoadError(f"{name} is truncated or corrupt (bad GGUF header)") from None
+
+
 def _read(cur: _Cursor, file_size: int) -> Header:
     version = cur.unpack("I")
     if version not in VERSIONS:

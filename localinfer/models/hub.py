@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.errors import FetchError, LocalinferError, UsageError
+from localinfer.errors import FetchError, LocalinferError, ModelLoadError, UsageError
 from localinfer.models import fetch, hub_files
-from localinfer.models.catalogue import HubFile, ModelSpec, normalise_quant
+from localinfer.models.catalogue import HubFile, HubSource, ModelSpec, normalise_quant
+from localinfer.models.gguf_header import CorruptFile, Header, parse_start
 from localinfer.models.store import Store, check_name, is_safe_name, publish, temp_path
 
 PREFIX = "hf:"
@@ -164,6 +165,54 @@ def fetch_listing(repo: str) -> Listing:
     if listing is None:
         raise FetchError(f"hf:{repo}: the Hub's answer is not a listing this version understands")
     return listing
+
+
+# -- a file's header, read from the Hub -----------------------------------------------------------
+MAX_REMOTE_HEADER = 64 << 20      # Gemma 3's 262k-token vocabulary takes 4 MB of a header
+
+
+def remote_header(spec: ModelSpec, quant: str) -> tuple[Header, int]:
+    """The GGUF header at the start of a variant's (first) file, and that file's size, read with
+    range requests of growing length (a few MB) instead of the download: what auto-fit needs to
+    choose a quant before pulling any. Checked as a file on disk would be (gguf_checks)."""
+    from localinfer.models.gguf_checks import check_hparams, check_tensors
+    source = spec.variants[quant].sources[0]
+    size = source.parts[0].size if source.parts else spec.variants[quant].size
+    n = 2 << 20
+    while True:
+        header = parse_start(_first_bytes(source, min(n, size)), size, source.file)
+        if header is not None:
+            break
+        if n >= min(size, MAX_REMOTE_HEADER):
+            raise ModelLoadError(f"{source.file}: no GGUF header in its first {n >> 20} MB")
+        n *= 4
+    try:
+        check_hparams(header.metadata)
+        check_tensors(header)
+    except CorruptFile as e:
+        raise ModelLoadError(f"{source.file}: {e}") from None
+    return header, size
+
+
+def _first_bytes(source: HubSource, n: int) -> bytes:
+    """At most `n` bytes from the start of a file: streamed, so a server that ignores the range
+    costs no more than `n` bytes."""
+    import huggingface_hub
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    url = huggingface_hub.hf_hub_url(source.repo, source.file, revision=source.revision)
+    headers = {**build_hf_headers(), "Range": f"bytes=0-{n - 1}", "Accept-Encoding": "identity"}
+    got = bytearray()
+    try:
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                  timeout=30) as response:
+            hf_raise_for_status(response)
+            for chunk in response.iter_bytes():
+                got += chunk
+                if len(got) >= n:
+                    break
+    except Exception as e:  # huggingface_hub and httpx raise many types
+        raise FetchError(f"hf:{source.repo}: {fetch.hub_reason(e)}") from e
+    return bytes(got[:n])
 
 
 # -- the listing, on disk --------------------------------------------------------------------------

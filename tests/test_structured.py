@@ -272,8 +272,8 @@ def test_an_answer_cut_short_is_a_failure_in_one_line(models_home):
                   "-n", "5", "--offline")
     assert cut.returncode == 1
     assert cut.stderr.strip().splitlines() == [
-        "localinfer: error: the answer reached -n/--max-tokens before its JSON document was complete; "
-        "stdout holds the partial document"]
+        "localinfer: error: the answer reached -n/--max-tokens before its JSON document was "
+        "complete; stdout holds the partial document"]
 
 
 def test_map_and_chat_constrain_every_answer(models_home):

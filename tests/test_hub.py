@@ -308,6 +308,9 @@ def test_split_model_is_pulled_part_by_part_and_runs_as_the_whole(hub, hub_home,
     facts = json.loads(cli(hub, hub_home, "info", f"hf:{REPO}:Q4_0", "--json").stdout)
     assert facts["parts"] == 3 and facts["file_size"] == sum(files[s].stat().st_size for s in SPLIT)
     assert greedy(hub, hub_home, f"hf:{REPO}:Q4_0", "--draft", "none") == expected["Q4_0"]
+    # MLX and ONNX read tensors from one file: asking for them is one line, before loading.
+    onnx = cli(hub, hub_home, "run", f"hf:{REPO}:Q4_0", "hi", "--backend", "onnx", "--offline")
+    assert onnx.returncode == 2 and "only the llama.cpp backend reads" in onnx.stderr
     # The memory estimate counts every part: the whole file's, but for the parts' own headers.
     whole = json.loads(cli(hub, hub_home, "info", str(files["Q4_0"]), "--json").stdout)
     for ctx, estimate in whole["memory"].items():

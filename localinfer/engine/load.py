@@ -8,7 +8,9 @@ from pathlib import Path
 
 from localinfer import backends
 from localinfer.backends import LoadOptions, Session
+from localinfer.errors import UsageError
 from localinfer.models.gguf_header import read_header
+from localinfer.models.gguf_split import split_count
 from localinfer.models.refs import ModelRef
 
 
@@ -23,9 +25,23 @@ class LoadedModel:
 
 
 def load_model(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions) -> LoadedModel:
-    arch = str(read_header(path).metadata.get("general.architecture", "")) or None
+    header = read_header(path)
+    arch = str(header.metadata.get("general.architecture", "")) or None
+    split = split_count(header) > 1
+    if split:
+        backend = _split_backend(path, backend)
     chosen, choice = backends.select(backend, arch, path)
+    if split:
+        choice = backends.Choice(choice.backend, "only llama.cpp reads a model split in parts")
     start = time.perf_counter()
     session = chosen.load(path, options)
     return LoadedModel(ref, path, session, choice.backend, choice.reason,
                        time.perf_counter() - start)
+
+
+def _split_backend(path: Path, requested: str) -> str:
+    """llama.cpp for a model split in parts: MLX and ONNX read tensors from one file."""
+    if requested not in ("auto", "llama.cpp"):
+        raise UsageError(f"{path.name} is one part of a split model, which only the llama.cpp "
+                         "backend reads; use --backend llama.cpp (or auto)")
+    return "llama.cpp"

@@ -20,6 +20,7 @@ from localinfer.backends.llama_cpp import engine, init_engine
 from localinfer.errors import LocalinferError
 
 ROOT = b"root"
+FEW_ROWS = 2048             # the most token ids asked about at once short of the whole vocabulary
 # One llama_token_data (id, logit, p), as numpy sees it, so rows are filled without a Python loop.
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -28,7 +29,7 @@ class Grammar:
     """One grammar's parse state over one vocabulary; a clone continues from the same state."""
 
     def __init__(self, vocab: ctypes.c_void_p, n_vocab: int, gbnf: str, *,
-                 sampler: ctypes.c_void_p | None = None) -> None:
+                 sampler: ctypes.c_void_p | None = None, scratch: _Scratch | None = None) -> None:
         lib = engine()
         self._vocab, self.n_vocab = vocab, n_vocab
         self._sampler = sampler or lib.llama_sampler_init_grammar(vocab, gbnf.encode(), ROOT)
@@ -36,26 +37,23 @@ class Grammar:
             raise LocalinferError("llama.cpp refused the grammar for this model's vocabulary "
                                   "(a <token> it does not have?); -v shows llama.cpp's reason")
         self._gbnf = gbnf
-        self._few = _TokenRows(16)
-        self._all: _TokenRows | None = None     # the whole vocabulary, made on first rejection
+        # Shared with clones: one thread drives a grammar and its clones, one call at a time.
+        self._scratch = scratch or _Scratch(n_vocab)
 
     def allows(self, ids: np.ndarray) -> np.ndarray:
         """Which of these token ids the grammar allows next (a bool per id)."""
-        rows = self._few if len(ids) <= self._few.capacity else _TokenRows(len(ids))
-        return self._apply(rows, ids)
+        return self._apply(self._scratch.rows(len(ids)), ids)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of a logits row with every token the grammar does not allow set to -inf."""
-        if self._all is None:
-            self._all = _TokenRows(self.n_vocab)
-        ok = self._apply(self._all, np.arange(self.n_vocab, dtype=np.int32))
+        ok = self._apply(self._scratch.rows(self.n_vocab), self._scratch.every_id())
         return np.where(ok, logits, np.float32(-np.inf))
 
     def accept(self, token: int) -> None:
         engine().llama_sampler_accept(self._sampler, token)
 
     def clone(self) -> Grammar:
-        return Grammar(self._vocab, self.n_vocab, self._gbnf,
+        return Grammar(self._vocab, self.n_vocab, self._gbnf, scratch=self._scratch,
                        sampler=engine().llama_sampler_clone(self._sampler))
 
     def close(self) -> None:
@@ -74,6 +72,30 @@ class Grammar:
         rows.array.selected = -1
         engine().llama_sampler_apply(self._sampler, ctypes.byref(rows.array))
         return view["logit"] != -np.inf
+
+
+class _Scratch:
+    """Token rows to hand llama.cpp: a few thousand, and the whole vocabulary once needed."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self._few = _TokenRows(min(FEW_ROWS, n_vocab))
+        self._all: _TokenRows | None = None
+        self._ids: np.ndarray | None = None
+
+    def rows(self, n: int) -> _TokenRows:
+        if n <= self._few.capacity:
+            return self._few
+        if n > self.n_vocab:
+            return _TokenRows(n)
+        if self._all is None:
+            self._all = _TokenRows(self.n_vocab)
+        return self._all
+
+    def every_id(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = np.arange(self.n_vocab, dtype=np.int32)
+        return self._ids
 
 
 class _TokenRows:

@@ -42,7 +42,6 @@ class OutputFormat:
 
     gbnf: str
     is_json: bool
-    source: str                     # for messages: the option and the file it came from
 
 
 def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat | None:
@@ -56,7 +55,7 @@ def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat |
         where = f"--grammar {grammar}"
         text = _read(Path(grammar), where, MAX_GRAMMAR_BYTES)
         _check_grammar(text, where)
-        return OutputFormat(text, False, where)
+        return OutputFormat(text, False)
     return None
 
 
@@ -72,7 +71,7 @@ def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputF
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise UsageError(f"{where}: cannot turn this schema into a grammar: {e}") from e
     _check_grammar(gbnf, where, parse=check_parse)
-    return OutputFormat(gbnf, True, where)
+    return OutputFormat(gbnf, True)
 
 
 def incomplete(fmt: OutputFormat, text: str, finish_reason: str) -> str | None:

@@ -315,6 +315,9 @@ BAD = [
     (["--grammar", "GRAMMAR:root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000],
      "groups nested more than 2000 deep"),
     (["--grammar", "GRAMMAR:root ::= \"a\"\n" + "# padding\n" * 30_000], "is over 256 KiB"),
+    # A device reports size 0 and never ends: refused, not read forever.
+    (["--json-schema", "/dev/zero"], "--json-schema /dev/zero: not a regular file"),
+    (["--grammar", "/dev/urandom"], "--grammar /dev/urandom: not a regular file"),
 ]
 
 

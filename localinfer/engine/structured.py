@@ -100,10 +100,16 @@ def _schema_text(value: str) -> tuple[str, str]:
 
 
 def _read(path: Path, where: str, limit: int) -> str:
+    """The file's text, read no further than `limit` (a device or pipe has no size to trust)."""
     try:
-        if path.stat().st_size > limit:
+        if not path.is_file():
+            raise UsageError(f"{where}: not a regular file" if path.exists()
+                             else f"{where}: no such file")
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
             raise UsageError(f"{where}: the file is over {limit >> 10} KiB")
-        return path.read_bytes().decode("utf-8")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{where}: no such file") from None
     except UnicodeDecodeError as e:

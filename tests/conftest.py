@@ -27,6 +27,16 @@ def run_cli(*args: str, home: Path = MODELS_HOME, input: str | None = None,
                           capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
+def sha256_of(path: Path) -> str:
+    """A file's sha256, computed here rather than by the code under test."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 @pytest.fixture(scope="session")
 def models_home() -> Path:
     """A LOCALINFER_HOME holding both real models, pulled with `localinfer pull` if missing."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, sha256_of
 
 REPO = "localinfer-tests/SmolLM2-135M-Instruct-GGUF"
 WHOLE = "SmolLM2-135M-Instruct-Q4_1.gguf"
@@ -79,11 +79,7 @@ def _byte_range(header: str, size: int) -> tuple[int, int]:
 def _sha256(content: Path | bytes) -> str:
     if isinstance(content, bytes):
         return hashlib.sha256(content).hexdigest()
-    h = hashlib.sha256()
-    with open(content, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_of(content)
 
 
 class HubStandIn(ThreadingHTTPServer):

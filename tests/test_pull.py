@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, sha256_of
 
 from localinfer.models.store import Store
 
@@ -59,14 +59,6 @@ def assert_nothing_published(home: Path, name: str) -> None:
     assert not final_path(home, name).exists()
     for tmp in models.rglob("*.tmp"):
         assert ".partial" in tmp.relative_to(models).parts, tmp
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 # -- success: falling back from the Hub to the pip mirror -----------------------------------------

@@ -150,7 +150,8 @@ def test_speculation_keeps_the_constrained_answer_and_never_a_rejected_guess(smo
     assert lookup == plain and stats.accepted > 0
 
 
-def test_speculation_over_a_long_document_equals_plain_constrained(gemma):
+@pytest.mark.parametrize("model", ["smollm", "gemma"])
+def test_speculation_over_a_long_document_equals_plain_constrained(request, model):
     """Copying names out of a long document: lookup drafts are long and mostly right, and the
     grammar's state must follow every kept guess and every correction."""
     names = ["Alice Martin", "Bruno Keller", "Chloé Dubois", "Dmitri Ivanov", "Eva Lind"]
@@ -160,12 +161,13 @@ def test_speculation_over_a_long_document_equals_plain_constrained(gemma):
               "properties": {"names": {"type": "array", "minItems": 5, "maxItems": 5,
                                        "items": {"type": "string", "enum": names}}}}
     text = f"{document}\nThe five people in these records, as JSON: "
-    prompt = raw_tokens(gemma.session, text)
+    loaded = request.getfixturevalue(model)
+    prompt = _prompt(loaded, text)          # as _constrained prompts it: templated on SmolLM2
     assert len(prompt) > 1000
-    plain, _ = _constrained(gemma, schema, text)
+    plain, _ = _constrained(loaded, schema, text)
     _valid(plain, schema)
     for chunk in (1, 4):
-        spec, stats = _speculative(gemma, schema, prompt, PromptLookup(), chunk=chunk)
+        spec, stats = _speculative(loaded, schema, prompt, PromptLookup(), chunk=chunk)
         assert spec == plain, chunk
         assert stats.drafted > 0
 

@@ -85,3 +85,38 @@ def test_malformed_user_file_is_one_clear_error(tmp_path):
     user.write_text("[models.x\n")
     with pytest.raises(LocalinferError, match="not valid TOML"):
         catalogue.load(user)
+
+
+def test_user_aliases_add_to_the_built_in_ones(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text('[models.smollm2-135m-instruct]\naliases = ["tiny"]\n')
+    cat = catalogue.load(user)
+    assert cat.resolve("smollm2")[0].name == "smollm2-135m-instruct"
+    assert cat.resolve("tiny")[0].name == "smollm2-135m-instruct"
+
+
+def test_user_file_drops_a_built_in_alias(tmp_path):
+    built_in = catalogue.load(None).models["smollm2-135m-instruct"].aliases
+    user = tmp_path / "models.toml"
+    user.write_text('[models.smollm2-135m-instruct]\ndrop_aliases = ["SmolLM2"]\n')
+    spec = catalogue.load(user).models["smollm2-135m-instruct"]
+    assert "smollm2" in built_in and spec.aliases == tuple(a for a in built_in if a != "smollm2")
+    with pytest.raises(ModelNotFound):
+        catalogue.load(user).resolve("smollm2")
+
+
+def test_an_alias_claimed_by_two_models_is_one_error(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text('[models.gemma-3-270m]\naliases = ["smollm2"]\n')
+    with pytest.raises(LocalinferError, match="alias 'smollm2' .* also names"):
+        catalogue.load(user)
+    user.write_text('[models.gemma-3-270m]\naliases = ["smollm2"]\n'
+                    '[models.smollm2-135m-instruct]\ndrop_aliases = ["smollm2"]\n')
+    assert catalogue.load(user).resolve("smollm2")[0].name == "gemma-3-270m"
+
+
+def test_drop_aliases_must_be_a_list_of_strings(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text('[models.smollm2-135m-instruct]\ndrop_aliases = "smollm2"\n')
+    with pytest.raises(LocalinferError, match="drop_aliases must be a list of strings"):
+        catalogue.load(user)

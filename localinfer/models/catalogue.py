@@ -1,7 +1,9 @@
 """The model catalogue: which models exist, their facts, quant variants and where to fetch them.
 
 The built-in `models.toml` ships inside the package; a `models.toml` in the user's config directory
-adds models or overrides fields of built-in ones, table by table.
+adds models or overrides fields of built-in ones, table by table: a key the user sets replaces that
+key, except `aliases`, which adds to the built-in ones (`drop_aliases` removes some), so that a
+name the README and scripts use keeps working when a user adds one of their own.
 """
 
 from __future__ import annotations
@@ -141,14 +143,43 @@ def _load(user_file: Path | None, raw: bytes | None) -> Catalogue:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise LocalinferError(f"{user_file} is not valid TOML: {e}") from e
         catalogue_check.check(user, str(user_file))
-        data = _merge(data, user)
+        data = _merge(data, _with_aliases_added(user, data))
     models = {}
     for name, table in data.get("models", {}).items():
         try:
             models[name] = _parse_model(name, table, _facts_from(user, name, user_file))
         except (KeyError, TypeError, ValueError) as e:
             raise LocalinferError(f"catalogue entry '{name}' is malformed: {e!r}") from e
+    _check_aliases(models, user_file)
     return Catalogue(models)
+
+
+def _with_aliases_added(user: dict, base: dict) -> dict:
+    """The user's tables with each model's `aliases` extended by the built-in ones it keeps."""
+    out = {**user, "models": dict(user.get("models", {}))}
+    for name, table in out["models"].items():
+        built_in = base.get("models", {}).get(name, {}).get("aliases", [])
+        if "aliases" not in table and "drop_aliases" not in table:
+            continue
+        dropped = {a.lower() for a in table.get("drop_aliases", [])}
+        kept = [a for a in [*built_in, *table.get("aliases", [])] if a.lower() not in dropped]
+        out["models"][name] = {**table, "aliases": list(dict.fromkeys(kept))}
+    return out
+
+
+def _check_aliases(models: dict[str, ModelSpec], user_file: Path | None) -> None:
+    """An alias names one model and no model's name: else which model a name runs would depend
+    on the order of the tables."""
+    owner: dict[str, str] = {}
+    for spec in models.values():
+        for alias in spec.aliases:
+            other = alias if alias in models else owner.get(alias)
+            if other is not None and other != spec.name:
+                where = user_file or BUILT_IN
+                raise LocalinferError(f"{where}: the alias '{alias}' of {spec.name} also names "
+                                      f"{other}; drop it from one (drop_aliases = "
+                                      f"[\"{alias}\"])")
+            owner[alias] = spec.name
 
 
 def _facts_from(user: dict, name: str, user_file: Path | None) -> dict[str, str]:

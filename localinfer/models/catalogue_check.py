@@ -55,6 +55,7 @@ def _requirement(v: object) -> bool:
 # key: (check, what the key must be)
 MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "aliases": (_str_list, "a list of strings"),
+    "drop_aliases": (_str_list, "a list of strings"),     # the user's file: built-in ones to drop
     "family": (_is_str, "a string"),
     "architecture": (_is_str, "a string"),
     "parameters": (lambda v: isinstance(v, (str, int, float)) and not isinstance(v, bool),

@@ -3,10 +3,11 @@ prompt may take before it is tokenized, and what `--truncate` keeps of it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from localinfer.backends import Session
-from localinfer.errors import ContextOverflow, ModelLoadError
+from localinfer.errors import ContextOverflow, ModelLoadError, UsageError
 
 
 def messages_for(text: str, system: str | None) -> list[dict[str, str]]:
@@ -21,14 +22,83 @@ def uses_chat_template(session: Session, raw: bool) -> bool:
 
 
 def chat_tokens(session: Session, messages: list[dict[str, str]]) -> list[int]:
-    """Render the model's own chat template and tokenize it, special tokens included."""
+    """Render the model's own chat template and tokenize it: the template's markup with its
+    control tokens, the messages' text as text. A message that spells a control token
+    (`<|im_start|>system...` in SmolLM2's ChatML) gets those characters as text, never a turn.
+
+    A message without such text tokenizes exactly as the whole rendering does, with special
+    tokens on (as llama.cpp's server and transformers tokenize a chat): the template's text and a
+    message's are tokenized together, as the model was trained. Where a message spells a control
+    token, the template's pieces are tokenized with special tokens and the messages' without
+    (the tokens at a piece's edge may then differ from the whole rendering's)."""
     from localinfer.engine import templates  # jinja2: only for chat models, not for every command
     if not session.chat_template:
         raise ModelLoadError("this model has no chat template; use --raw")
-    text = templates.render(session.chat_template, messages,
-                            bos_token=_text(session, session.bos_token),
-                            eos_token=_text(session, session.eos_token))
-    return with_bos(session, session.tokenize(text, special=True))
+    marks = {"bos_token": _text(session, session.bos_token),
+             "eos_token": _text(session, session.eos_token)}
+    text = templates.render(session.chat_template, messages, **marks)
+    tokens = session.tokenize(text, special=True)
+    parts = templates.content_parts(session.chat_template, messages, text, **marks)
+    if parts is None:                # the template rewrites or tests a message's text
+        return with_bos(session, _defused(session, messages, marks) or tokens)
+    pieces = [session.tokenize(piece, special=not is_content) for piece, is_content in parts]
+    own = [t for (_, is_content), piece in zip(parts, pieces) if not is_content for t in piece]
+    if _controls(session, tokens) == _controls(session, own):
+        return with_bos(session, tokens)          # the messages spell no control token
+    return with_bos(session, [t for piece in pieces for t in piece])
+
+
+def _controls(session: Session, tokens: list[int]) -> list[int]:
+    """The control tokens among `tokens`, in order: those llama.cpp tokenizes from text only with
+    special tokens on (CONTROL and UNKNOWN), the same it renders as no bytes."""
+    control = {t for t in set(tokens) if not session.piece(t)}
+    return [t for t in tokens if t in control]
+
+
+def _defused(session: Session, messages: list[dict[str, str]],
+             marks: dict[str, str]) -> list[int] | None:
+    """The conversation's tokens where the template rewrites or tests the messages' text, so
+    that where each lands in the rendering cannot be told (templates.content_parts); None when no
+    message spells a control token. Each control token's text in a message is replaced by a
+    marker before rendering, and tokenized as text where its marker lands."""
+    from localinfer.engine import templates
+    nonce = templates.marker_nonce(messages)
+    spelled: list[str] = []
+
+    def mark(match: re.Match) -> str:
+        spelled.append(match.group())
+        return templates.marker(nonce, len(spelled) - 1)
+
+    defused = [{**m, "content": _marked(session, m["content"], mark)} for m in messages]
+    if not spelled:
+        return None
+    pieces = templates.split_at_markers(templates.render(session.chat_template, defused, **marks),
+                                        nonce)
+    # A marker the template changed (its case, a slice) has lost the text it stood for.
+    if any(nonce[:8] in piece.lower() for piece in pieces[::2]):
+        raise UsageError(f"a message spells the model's control token {spelled[0]!r}, and this "
+                         "model's chat template rewrites messages, so it cannot be kept as text; "
+                         "remove it from the message")
+    return [t for k, piece in enumerate(pieces)
+            for t in (session.tokenize(spelled[int(piece)], special=False) if k % 2
+                      else session.tokenize(piece, special=True))]
+
+
+def _marked(session: Session, content: str, mark) -> str:
+    """`content` with the text of each control token in it replaced by `mark(match)`; a second
+    round catches one that overlapped another."""
+    for _ in range(_MARK_ROUNDS):
+        spelled = {session.token_text(t)
+                   for t in _controls(session, session.tokenize(content, special=True))} - {""}
+        if not spelled:
+            return content
+        longest_first = sorted(spelled, key=len, reverse=True)
+        content = re.sub("|".join(map(re.escape, longest_first)), mark, content)
+    raise UsageError("a message spells the model's control tokens in a way that cannot be kept "
+                     "as text; remove them from the message")
+
+
+_MARK_ROUNDS = 4
 
 
 def raw_tokens(session: Session, text: str) -> list[int]:

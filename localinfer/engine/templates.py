@@ -8,6 +8,8 @@ bounded amount of memory and CPU time. Whatever goes wrong in it ends as one Mod
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
 from functools import lru_cache
 
@@ -44,6 +46,65 @@ def render(template: str, messages: list[dict[str, str]], *, bos_token: str = ""
     if not text.strip():
         raise ModelLoadError(f"the model's chat template rendered an empty prompt; {_SKIP}")
     return text
+
+
+def marker_nonce(messages: list[dict[str, str]]) -> str:
+    """A random string no message holds, to mark places in a rendering: lower-case hex, so that
+    a template that changes the case of a message changes its marker too, and trimming cannot
+    shorten it."""
+    while True:
+        nonce = "li" + secrets.token_hex(12)
+        if not any(nonce in m["content"] for m in messages):
+            return nonce
+
+
+def marker(nonce: str, index: int) -> str:
+    return f"{nonce}x{index}x"
+
+
+def split_at_markers(text: str, nonce: str) -> list[str]:
+    """`text` cut at its markers: [text, index, text, index, ..., text]."""
+    return re.split(re.escape(nonce) + r"x(\d+)x", text)
+
+
+def content_parts(template: str, messages: list[dict[str, str]], rendered: str,
+                  **marks: str) -> list[tuple[str, bool]] | None:
+    """`rendered`, this template's rendering of `messages`, cut into the template's own text and
+    the messages' contents, in order, as (text, is_content) pairs; None where that cannot be told.
+
+    The template is rendered again with each non-empty content replaced by a marker. The cut is
+    kept only if putting each content (or the content trimmed, as `| trim` leaves it) back where
+    its marker landed gives `rendered` exactly: a template that tests, splits or rewrites a
+    content, or takes another branch for the marker, gives None."""
+    nonce = marker_nonce(messages)
+    marked = [{**m, "content": marker(nonce, i) if m["content"] else ""}
+              for i, m in enumerate(messages)]
+    try:
+        pieces = split_at_markers(render(template, marked, **marks), nonce)
+    except ModelLoadError:           # the template refused a marker where it took the content
+        return None
+    return _put_back(pieces, [m["content"] for m in messages], rendered)
+
+
+def _put_back(pieces: list[str], contents: list[str], rendered: str) -> list[tuple[str, bool]] | None:
+    parts: list[tuple[str, bool]] = []
+    at = 0
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:                          # the template's text
+            if not rendered.startswith(piece, at):
+                return None
+            parts.append((piece, False))
+            at += len(piece)
+            continue
+        content, after = contents[int(piece)], pieces[k + 1]
+        for shown in dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip())):
+            if rendered.startswith(shown, at) and rendered.startswith(after, at + len(shown)):
+                break
+        else:
+            return None
+        parts.append((shown, True))
+        at += len(shown)
+    return parts if at == len(rendered) else None
 
 
 def _render(compiled: jinja2.Template, budget: bounds.Budget, **variables: object) -> str:

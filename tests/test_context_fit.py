@@ -130,6 +130,9 @@ class ChatVocab:
     def token_text(self, token: int) -> str:
         return "" if token == 0 else bytes([token - 1]).decode("latin-1")
 
+    def piece(self, token: int) -> bytes:
+        return b"" if token == 0 else bytes([token - 1])
+
     def reset(self) -> None:
         self.n_past = 0
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
-from localinfer.models.gguf_header import read_header
+from localinfer.models.gguf_checks import checked_header
 
 MAX_OUTPUTS = 64              # rows of logits computed at once for logits="all"
 
@@ -35,7 +35,7 @@ class MlxSession:
         from localinfer.backends import mlx_models, mlx_weights
         from localinfer.backends.llama_vocab import LlamaVocab
 
-        header = read_header(path)
+        header = checked_header(path)     # the values llama.cpp would refuse, refused here too
         arch = str(header.metadata.get("general.architecture", "unknown"))
         if arch not in mlx_models.ARCHITECTURES:
             raise UsageError(unsupported_message(arch))

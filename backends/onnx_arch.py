@@ -9,7 +9,9 @@ The two families the exporter builds, as llama.cpp defines them (src/llama-model
   (the file's rope base and scaling). Its norm weights are stored with Gemma's "+1" already added.
 
 Every number from the file is checked before it sizes anything: a damaged or hostile header ends in
-one ModelLoadError line, an architecture or feature the exporter lacks in one UsageError line.
+one ModelLoadError line, an architecture or feature the exporter lacks in one UsageError line. The
+real-valued hyper-parameters (norm epsilon, rope base and scaling) are checked where every backend
+checks them, gguf_checks.check_hparams; the counts here only against what the exporter can build.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localinfer.errors import ModelLoadError, UsageError
-from localinfer.models.gguf_header import ArrayInfo, Header
+from localinfer.models.gguf_checks import check_hparams, refusal
+from localinfer.models.gguf_header import ArrayInfo, CorruptFile, Header
 
 ARCHITECTURES = ("llama", "gemma3")
 _LIMITS = {"n_embd": 1 << 16, "n_head": 1024, "head_dim": 1024, "n_ff": 1 << 20,
@@ -88,6 +91,10 @@ def read_spec(path: Path, header: Header) -> Spec:
     if arch not in ARCHITECTURES:
         raise UsageError(unsupported_message(arch))
     try:
+        check_hparams(header.metadata)     # a no-op after checked_header, the loaders' first step
+    except CorruptFile as e:
+        raise refusal(path, str(e)) from None
+    try:
         spec = _spec(arch, header)
         _check_tensors(spec, header)
     except _Refused as e:
@@ -122,12 +129,8 @@ def _spec(arch: str, header: Header) -> Spec:
             raise _Refused(f"{arch}.{key} is {value!r}, not a count from 1 to {limit or 'any'}")
         return value
 
-    def real(key: str, default: float, *, below: float = math.inf) -> float:
-        value = meta.get(f"{arch}.{key}", default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not 0 < value < below or not math.isfinite(value):
-            raise _Refused(f"{arch}.{key} is {value!r}, not a positive number")
-        return float(value)
+    def real(key: str, default: float) -> float:       # its range checked by check_hparams
+        return float(meta.get(f"{arch}.{key}", default))
 
     if meta.get(f"{arch}.expert_count"):
         raise _Unsupported("mixture-of-experts layers")
@@ -147,7 +150,7 @@ def _spec(arch: str, header: Header) -> Spec:
     n_vocab = _vocab_rows(header, n_embd)
     common = dict(arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_kv=n_kv,
                   head_dim=head_dim, n_ff=num("feed_forward_length", limit=_LIMITS["n_ff"]),
-                  n_vocab=n_vocab, eps=real("attention.layer_norm_rms_epsilon", 1e-5, below=1.0),
+                  n_vocab=n_vocab, eps=real("attention.layer_norm_rms_epsilon", 1e-5),
                   rope_scale=1.0 / _linear_factor(arch, meta),
                   n_ctx_train=num("context_length", 4096, limit=1 << 24),
                   tied="output.weight" not in {t.name for t in header.tensors})
@@ -167,10 +170,7 @@ def _spec(arch: str, header: Header) -> Spec:
 
 def _linear_factor(arch: str, meta) -> float:
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
-            or not math.isfinite(factor) or factor < 0:
-        raise _Refused(f"{arch}.rope.scaling.factor is {factor!r}")
+    factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)    # finite, 0 or more: check_hparams
     if kind == "none" or factor in (0, 1):
         return 1.0
     if kind != "linear":

@@ -8,6 +8,7 @@ through the real CLI; the fuzz cases flip and cut bytes of the real header, in-p
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import resource
@@ -31,7 +32,7 @@ from localinfer.models.gguf_header import TextInfo, read_header
 pytestmark = pytest.mark.slow
 
 RUN = ("hi", "--raw", "--temp", "0", "-n", "1", "--no-cache", "--draft", "none")
-_U32, _STRING = 4, 8
+_U32, _F32, _STRING = 4, 6, 8
 
 
 def refusal(result: subprocess.CompletedProcess, code: int = EXIT_RUNTIME) -> str:
@@ -96,6 +97,62 @@ def test_values_llama_asserts_on_are_refused_first(smollm_path, models_home, tmp
 def test_a_count_of_the_wrong_type_is_refused(smollm_path, models_home, tmp_path):
     bad = patched(smollm_path, tmp_path, "llama.embedding_length", "wide", _STRING)
     assert "llama.embedding_length is 'wide'" in refusal(run_cli("run", str(bad), *RUN))
+
+
+# (key, value, value type for a key the file lacks or a changed type, model, words in the line):
+# a negative or NaN norm epsilon made llama.cpp abort (GGML_ASSERT(eps >= 0.0f), exit 134); the
+# rest ran and printed nonsense (exit 0) on llama.cpp and MLX, where the ONNX exporter refused some.
+REALS = [
+    ("llama.attention.layer_norm_rms_epsilon", -1.0, None, "smollm", "is -1.0, not a norm epsilon"),
+    ("llama.attention.layer_norm_rms_epsilon", math.nan, None, "smollm", "is nan, not a norm"),
+    ("llama.attention.layer_norm_rms_epsilon", math.inf, None, "smollm", "is inf, not a norm"),
+    ("llama.attention.layer_norm_rms_epsilon", "1e-5", _STRING, "smollm", "is '1e-5', not a real"),
+    ("llama.rope.freq_base", 0.0, None, "smollm", "is 0.0, not a rope base above 1"),
+    ("llama.rope.freq_base", -10000.0, None, "smollm", "is -10000.0, not a rope base above 1"),
+    ("llama.rope.freq_base", math.nan, None, "smollm", "is nan, not a rope base"),
+    ("llama.rope.scaling.factor", -2.0, _F32, "smollm", "is -2.0, not a finite number, 0 or more"),
+    ("llama.rope.scaling.yarn_beta_fast", -32.0, _F32, "smollm", "is -32.0, not a finite number "
+     "above 0"),
+    ("llama.attn_logit_softcapping", 0.0, _F32, "smollm", "is 0.0, not a finite number above 0"),
+    ("llama.embedding_scale", math.inf, _F32, "smollm", "is inf, not a finite number"),
+    ("gemma3.attention.layer_norm_rms_epsilon", -0.5, None, "gemma", "is -0.5, not a norm"),
+    ("gemma3.final_logit_softcapping", math.nan, _F32, "gemma", "is nan, not a finite number"),
+]
+
+
+@pytest.fixture(scope="module", params=REALS, ids=lambda case: f"{case[0]}={case[1]!r}")
+def bad_real(request, tmp_path_factory, models_home):
+    """A copy of a real model with one real-valued hyper-parameter out of its range, and the words
+    its refusal must hold; removed after its tests (13 copies would take 1.6 GB)."""
+    key, value, vtype, model, words = request.param
+    src = request.getfixturevalue(f"{model}_path")
+    folder = tmp_path_factory.mktemp("reals")
+    if key in read_header(src).metadata:
+        path = patched(src, folder, key, value, vtype)
+    else:
+        path = added(src, folder, key, value, vtype)
+    yield path, f"{key} {words}"
+    path.unlink()
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp", "mlx", "onnx"])
+def test_real_hyperparameters_out_of_range_are_refused(bad_real, backend):
+    path, words = bad_real
+    line = refusal(run_cli("run", str(path), *RUN, "--backend", backend))
+    assert words in line and "GGML" not in line
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp", "mlx", "onnx"])
+def test_every_loader_checks_real_hyperparameters(bad_real, backend):
+    # The CLI refuses before it picks a backend (the memory estimate reads the header); a backend
+    # loaded through the library must refuse alone, with the same line.
+    from localinfer.backends import LoadOptions, get
+    path, words = bad_real
+    if not get(backend).is_available():
+        pytest.skip(f"{backend} is not installed")
+    with pytest.raises(ModelLoadError) as refused:
+        get(backend).load(path, LoadOptions(n_ctx=256)).close()
+    assert words in str(refused.value) and "\n" not in str(refused.value)
 
 
 # -- the vocabulary ----------------------------------------------------------------------------------

@@ -39,8 +39,6 @@ def test_the_two_families(smollm_path, gemma_path):
 @pytest.mark.parametrize("key, value, words", [
     ("llama.attention.head_count_kv", 4, "9 attention heads cannot share 4 KV heads"),
     ("llama.attention.head_count_kv", 0, "head_count_kv is 0"),
-    ("llama.attention.layer_norm_rms_epsilon", math.nan, "layer_norm_rms_epsilon is nan"),
-    ("llama.rope.freq_base", -1.0, "rope.freq_base is -1.0"),
     ("llama.embedding_length", 577, "embedding_length 577 does not divide into 9 heads"),
     ("llama.block_count", 31, "tensor blk.30.attn_norm.weight is missing"),
     ("llama.feed_forward_length", 1537, "tensor blk.0.ffn_gate.weight has shape (576, 1536)"),
@@ -54,6 +52,23 @@ def test_damaged_values_are_one_clear_line(smollm_path, tmp_path, key, value, wo
         _spec(path)
     message = str(refused.value)
     assert words in message and "\n" not in message and "--backend llama.cpp" in message
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("llama.attention.layer_norm_rms_epsilon", math.nan, "layer_norm_rms_epsilon is nan"),
+    ("llama.rope.freq_base", -1.0, "rope.freq_base is -1.0"),
+])
+@pytest.mark.slow
+def test_real_values_are_refused_by_the_check_every_backend_shares(smollm_path, tmp_path, key,
+                                                                    value, words):
+    # gguf_checks.check_hparams, the one place: the same line as llama.cpp's and MLX's loaders
+    # give, with no advice to use llama.cpp, which cannot run such a file either.
+    path = set_value(smollm_path, tmp_path / "patched.gguf", key, value)
+    with pytest.raises(ModelLoadError) as refused:
+        _spec(path)
+    message = str(refused.value)
+    assert message.startswith("cannot load patched.gguf: ") and words in message
+    assert "--backend" not in message and "\n" not in message
 
 
 @pytest.mark.slow

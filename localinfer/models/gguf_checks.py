@@ -14,6 +14,7 @@ creates with them (llama-model-loader.cpp check_tensor_dims) and refuses cleanly
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import re
 import struct
@@ -48,7 +49,7 @@ def check_model(path: Path) -> Header:
     if n:
         duplicate = _first_duplicate(Path(path), file_identity(path), offset, n)
         if duplicate is not None:
-            raise _refusal(path, f"token {duplicate} repeats an earlier token's text")
+            raise refusal(path, f"token {duplicate} repeats an earlier token's text")
     return header
 
 
@@ -65,11 +66,12 @@ def checked_header(path: Path) -> Header:
         check_special_tokens(header.metadata, vocabulary_size(header))
         gguf_split.check_parts(path, header)  # every other part of a split model, before llama.cpp
     except CorruptFile as e:
-        raise _refusal(path, str(e)) from None
+        raise refusal(path, str(e)) from None
     return header
 
 
-def _refusal(path: Path, reason: str) -> ModelLoadError:
+def refusal(path: Path, reason: str) -> ModelLoadError:
+    """The one line for a file the checks refuse (CorruptFile's reason)."""
     return ModelLoadError(f"cannot load {Path(path).name}: {reason} (a damaged file, or one not "
                           "made for llama.cpp)")
 
@@ -103,6 +105,7 @@ def check_hparams(meta) -> int:
         raise CorruptFile(f"{arch}.rope.scaling.type is {_show(scaling)}, not one of "
                           f"{', '.join(ROPE_SCALING_TYPES)}")
     check_experts(meta, arch)
+    check_reals(meta, arch, n_layer)
     return n_layer
 
 
@@ -154,6 +157,74 @@ def _show(value) -> str:
     if isinstance(value, TextInfo):
         return f"a text of {value.length} bytes"
     return repr(value) if not isinstance(value, str) else repr(printable(value, 40))
+
+
+# -- real-valued hyper-parameters ------------------------------------------------------------------
+# Every real-valued key llama.cpp's model loaders read (src/llama-arch.cpp, read in llama-model.cpp
+# load_hparams and src/models/*.cpp), with the range a working model has. ggml aborts on a negative
+# or NaN norm epsilon (ggml-cpu/ops.cpp norm, rms_norm, group_norm: GGML_ASSERT(eps >= 0.0f)); the
+# others abort nothing but make every backend compute NaN or nonsense: a rope base of 1 or less
+# (its logarithm divides the YaRN correction, its powers are the frequencies), a negative rope
+# scaling factor (llama.cpp takes 0 for "none"), a zero attention soft-cap (logits / cap), a NaN
+# or infinity anywhere. Keys without a known range must at least be finite.
+_REAL_RULES = {
+    "epsilon": (lambda v: 0 <= v < 1, "a norm epsilon from 0 up to 1"),
+    "base": (lambda v: v > 1, "a rope base above 1"),
+    "positive": (lambda v: v > 0, "a finite number above 0"),
+    "non-negative": (lambda v: v >= 0, "a finite number, 0 or more"),
+    "finite": (lambda v: True, "a finite number"),
+}
+_REALS = {
+    "epsilon": ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon",
+                "attention.group_norm_epsilon", "hyper_connection.epsilon"),
+    "base": ("rope.freq_base", "rope.freq_base_swa", "attention.compress_rope_freq_base"),
+    "positive": ("rope.scaling.attn_factor", "rope.scaling.yarn_attn_factor",
+                 "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+                 "attn_logit_softcapping"),
+    "non-negative": ("rope.scaling.factor", "rope.scale_linear", "rope.scaling.alpha",
+                     "final_logit_softcapping", "router_logit_softcapping",
+                     "expert_weights_scale", "expert_group_scale", "attention.scale",
+                     "attention.clamp_kqv", "attention.max_alibi_bias"),
+    "finite": ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_multiplier", "logit_scale",
+               "residual_scale", "embedding_scale", "attention.output_scale",
+               "attention.value_scale", "attention.temperature_scale", "activation.situ_beta",
+               "activation.situ_linear_beta", "hyper_connection.magnitude"),
+}
+# Read with get_key_or_arr: one number for all layers or one per layer (xIELU's keys carry no
+# architecture prefix, and its epsilon is negative in real models: not a norm epsilon).
+_REALS_PER_LAYER = ("{arch}.swiglu_clamp_exp", "{arch}.swiglu_clamp_shexp", "xielu.alpha_n",
+                    "xielu.alpha_p", "xielu.beta", "xielu.eps")
+
+
+def check_reals(meta, arch: str, n_layer: int) -> None:
+    """Every real-valued hyper-parameter finite and in its range, for every backend alike."""
+    for rule, names in _REALS.items():
+        for name in names:
+            key = f"{arch}.{name}"
+            value = meta.get(key)
+            if value is not None:
+                if isinstance(value, (list, ArrayInfo)):   # llama.cpp reads one number
+                    raise CorruptFile(f"{key} is an array, not {_REAL_RULES[rule][1]}")
+                _real(key, value, rule)
+    for pattern in _REALS_PER_LAYER:
+        key = pattern.format(arch=arch)
+        value = meta.get(key)
+        if isinstance(value, (list, ArrayInfo)):
+            length = value.length if isinstance(value, ArrayInfo) else len(value)
+            if isinstance(value, ArrayInfo) or length != n_layer:
+                raise CorruptFile(f"{key} has {length} values for {n_layer} layers")
+            for v in value:
+                _real(key, v, "finite")
+        elif value is not None:
+            _real(key, value, "finite")
+
+
+def _real(key: str, value, rule: str) -> None:
+    in_range, words = _REAL_RULES[rule]
+    if type(value) is not float:        # llama.cpp reads a float32 and refuses other types too
+        raise CorruptFile(f"{key} is {_show(value)}, not a real number")
+    if not math.isfinite(value) or not in_range(value):
+        raise CorruptFile(f"{key} is {_show(value)}, not {words}")
 
 
 # -- tensors ---------------------------------------------------------------------------------------

@@ -118,11 +118,26 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
 def schema_to_gbnf(schema: dict[str, Any]) -> str:
-    """llama-cpp-python's converter (llama.cpp's json_schema_to_grammar.py, vendored there)."""
+    """llama-cpp-python's converter (llama.cpp's json_schema_to_grammar.py, vendored there), with
+    its literals escaped as llama.cpp's current converter escapes them."""
     import json
 
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-    return json_schema_to_gbnf(json.dumps(schema)).replace(_LOOSE_CHAR, _JSON_CHAR)
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    class _Converter(SchemaConverter):
+        def _format_literal(self, literal: str) -> str:
+            # Constants, enum values and property names arrive here as json.dumps' text, which
+            # holds backslashes (a quote inside is \\"); the vendored version leaves them
+            # unescaped, so the grammar's literal ended early or did not parse.
+            return '"' + "".join(_LITERAL_ESCAPES.get(c, c) for c in literal) + '"'
+
+    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    copy = json.loads(json.dumps(schema))          # resolve_refs rewrites every $ref in place
+    converter.visit(converter.resolve_refs(copy, "stdin"), "")
+    return converter.format_grammar().replace(_LOOSE_CHAR, _JSON_CHAR)
+
+
+_LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
 
 
 def grammar_error(gbnf: str) -> str | None:
@@ -145,22 +160,30 @@ def grammar_error(gbnf: str) -> str | None:
 
 
 def _reason(said: str, gbnf: str) -> str:
-    """`line L, column C: what` from llama.cpp's "error parsing grammar: WHAT at REST" line."""
+    """`line L, column C: what` from llama.cpp's "error parsing grammar: WHAT at REST" line,
+    where REST (the grammar's text from there on) gives the place and is never repeated."""
     marker = "error parsing grammar: "
     if marker in said:
         what = said.split(marker, 1)[1]
-        what = what.rsplit("\n\n" + gbnf, 1)[0] if gbnf else what
+        what = what.rsplit("\n\n" + gbnf, 1)[0] if gbnf else what    # its echo of the grammar
         message, rest = _split_at_rest(what, gbnf)
         if rest is not None:
             offset = len(gbnf) - len(rest)
             line = gbnf.count("\n", 0, offset) + 1
             column = offset - (gbnf.rfind("\n", 0, offset) + 1) + 1
-            return f"line {line}, column {column}: {message}"
-        return message.strip().splitlines()[0]
-    for line in said.splitlines():
+            return f"line {line}, column {column}: {_short(message)}"
+        return _short(message.split(" at ", 1)[0].strip().split("\n", 1)[0])
+    for line in said.replace(gbnf, "").splitlines():     # llama.cpp's lines, not the grammar's
         if "grammar" in line and ("root" in line or "recursion" in line or "undefined" in line):
-            return line.strip().rstrip(".")
+            return _short(line.strip().rstrip("."))
     return "it does not parse"
+
+
+def _short(message: str) -> str:
+    """llama.cpp's own words, one printable line; a name from the grammar in them (an undefined
+    rule) is cut short."""
+    message = "".join(c if c.isprintable() else "?" for c in message)
+    return message if len(message) <= 120 else message[:117] + "..."
 
 
 def _split_at_rest(what: str, gbnf: str) -> tuple[str, str | None]:

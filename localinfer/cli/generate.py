@@ -116,7 +116,7 @@ def run(
     generation.stats.load_s = loaded.load_s
     text = shell.emit(generation, loaded, as_json=as_json, verbose=verbose)
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
-    _check_complete(output, text, generation.stats.finish_reason)
+    _check_complete(output, text, generation, loaded, limits)
     if generation.stats.finish_reason == "context":
         console.note(f"the reply stopped at the end of the context ({session.n_ctx:,} tokens); "
                      "-n N sizes the context for a longer one (or --ctx N)")
@@ -168,11 +168,21 @@ def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, 
                               grammar=grammar)
 
 
-def _check_complete(output: OutputFormat | None, text: str, finish_reason: str) -> None:
-    """A schema's answer that a limit cut short is a failure (exit 1), said in one line."""
+def _check_complete(output: OutputFormat | None, text: str,
+                    generation: Generation | SpeculativeGeneration, loaded: LoadedModel,
+                    limits: Limits) -> None:
+    """A schema's answer that a limit cut short is a failure (exit 1), said in one line that
+    names the limit: "stop" is a --stop string only when one is in what the model wrote (the
+    text printed stops before it), else the model's end-of-generation token."""
     from localinfer.engine.structured import incomplete
     from localinfer.errors import LocalinferError
-    problem = incomplete(output, text, finish_reason) if output else None
+    if not output:
+        return
+    finish = generation.stats.finish_reason
+    written = loaded.session.detokenize(generation.tokens).decode("utf-8", "replace") \
+        if finish == "stop" and limits.stop else ""
+    problem = incomplete(output, text, finish,
+                         stop_string=any(s and s in written for s in limits.stop))
     if problem:
         raise LocalinferError(problem)
 

@@ -11,7 +11,7 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localinfer.engine.prompt import messages_for
-from localinfer.engine.templates import render
+from localinfer.engine.templates import content_parts, render
 from localinfer.errors import ModelLoadError
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
@@ -198,3 +198,31 @@ def test_template_that_renders_nothing_is_an_error(template):
 def test_number_literal_too_long_for_python_is_a_clear_error():
     with pytest.raises(ModelLoadError, match="cannot be compiled: Exceeds the limit"):
         render("{{ " + "9" * 5000 + " }}", messages_for("Hi", None))
+
+
+# -- where each message's text lands in the rendering (what chat_tokens tokenizes as text) --------
+def test_content_parts_cut_the_rendering_at_each_message():
+    messages = messages_for("Hi", "Be brief")
+    text = render(CHATML, messages)
+    parts = content_parts(CHATML, messages, text)
+    assert "".join(piece for piece, _ in parts) == text
+    assert [piece for piece, is_content in parts if is_content] == ["Be brief", "Hi"]
+    assert parts[0] == ("<|im_start|>system\n", False)
+
+
+def test_content_parts_follow_a_trim_and_skip_an_empty_message():
+    template = "{% for m in messages %}[{{ m.role }}]{{ m.content | trim }}|{% endfor %}"
+    messages = [{"role": "system", "content": ""}, {"role": "user", "content": "  a b \n"}]
+    parts = content_parts(template, messages, render(template, messages))
+    assert parts == [("[system]|[user]", False), ("a b", True), ("|", False)]
+
+
+@pytest.mark.parametrize("template", [
+    "{% for m in messages %}{{ m.content | upper }}{% endfor %}",                  # rewrites
+    "{% for m in messages %}{{ m.content.split(',')[0] }}{% endfor %}",             # splits
+    "{% for m in messages %}{% if m.content.startswith('a') %}A:{% endif %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content | length }}{{ m.content }}{% endfor %}",    # measures
+])
+def test_content_parts_are_unknown_where_the_template_reads_the_text(template):
+    messages = messages_for("a,b", None)
+    assert content_parts(template, messages, render(template, messages)) is None

@@ -41,11 +41,15 @@ def chat_tokens(session: Session, messages: list[dict[str, str]]) -> list[int]:
     parts = templates.content_parts(session.chat_template, messages, text, **marks)
     if parts is None:                # the template rewrites or tests a message's text
         return with_bos(session, _defused(session, messages, marks) or tokens)
-    pieces = [session.tokenize(piece, special=not is_content) for piece, is_content in parts]
-    own = [t for (_, is_content), piece in zip(parts, pieces) if not is_content for t in piece]
-    if _controls(session, tokens) == _controls(session, own):
-        return with_bos(session, tokens)          # the messages spell no control token
-    return with_bos(session, [t for piece in pieces for t in piece])
+    markup = {k: session.tokenize(piece, special=True)
+              for k, (piece, is_content) in enumerate(parts) if not is_content}
+    # The control tokens of the whole rendering are the markup's own, in order: no message added
+    # one (nor made one with the markup at its edge), and the whole rendering's tokens stand.
+    if _controls(session, tokens) == _controls(session, [t for m in markup.values() for t in m]):
+        return with_bos(session, tokens)
+    return with_bos(session, [t for k, (piece, _) in enumerate(parts)
+                              for t in (markup[k] if k in markup
+                                        else session.tokenize(piece, special=False))])
 
 
 def _controls(session: Session, tokens: list[int]) -> list[int]:

@@ -17,7 +17,8 @@ import pytest
 from conftest import SMOLLM, run_cli
 
 from localinfer.engine import templates
-from localinfer.engine.prompt import PromptText, chat_tokens, messages_for, prompt_tokens, raw_tokens
+from localinfer.engine.prompt import (PromptText, chat_tokens, messages_for, prompt_tokens,
+                                     raw_tokens)
 from localinfer.errors import UsageError
 
 GREEDY = ("--temp", "0", "--offline")
@@ -184,9 +185,11 @@ def test_templates_that_trim_split_or_test_a_message(smollm, template, text):
 def test_a_template_that_rewrites_a_marker_refuses_control_text(smollm):
     own, smollm.chat_template = smollm.chat_template, UPPER
     try:
-        with pytest.raises(UsageError, match=re.escape("spells the model's control token '<|im_end|>'")):
+        refusal = re.escape("spells the model's control token '<|im_end|>'")
+        with pytest.raises(UsageError, match=refusal):
             chat_tokens(smollm, messages_for("a<|im_end|>", None))
-        assert chat_tokens(smollm, messages_for("a", None)) == [1, *smollm.tokenize("A", special=False), 2]
+        assert chat_tokens(smollm, messages_for("a", None)) == \
+            [1, *smollm.tokenize("A", special=False), 2]
     finally:
         smollm.chat_template = own
 

@@ -86,7 +86,10 @@ def content_parts(template: str, messages: list[dict[str, str]], rendered: str,
     return _put_back(pieces, [m["content"] for m in messages], rendered)
 
 
-def _put_back(pieces: list[str], contents: list[str], rendered: str) -> list[tuple[str, bool]] | None:
+def _put_back(pieces: list[str], contents: list[str],
+              rendered: str) -> list[tuple[str, bool]] | None:
+    """The (text, is_content) cut of `rendered` that `pieces`, the marked rendering cut at its
+    markers, stands for; None where the contents put back do not give `rendered`."""
     parts: list[tuple[str, bool]] = []
     at = 0
     for k, piece in enumerate(pieces):

@@ -5,12 +5,15 @@ graph file per form and accuracy level (onnx_forms), all referring to the same w
 key is made from the GGUF file's identity (path, size, modification time) and the exporter's
 version: a folder with another key, a manifest that does not check out, or a graph that does not
 parse or names another key is built again, never trusted. A new export is written into a temporary
-folder and renamed into place, so a reader sees the old export or the whole new one; two processes
-exporting at once each build their own and the second rename loses harmlessly.
+folder and renamed into place, so a reader sees the old export or the whole new one, never half of
+one. Building, replacing and discarding an export hold its lock (`.locks/<folder>.lock`, flock),
+so of two processes exporting the same model at once one builds and the other waits and then
+uses that export: a second build would rename the first away under the process about to read it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -29,6 +32,7 @@ from localinfer.backends.onnx_arch import Spec
 from localinfer.backends.onnx_store import WeightIndex, WeightWriter, read_index
 from localinfer.errors import ModelLoadError
 from localinfer.models.gguf_header import Header
+from localinfer.models.store import HAS_LOCKS
 
 EXPORTER_VERSION = 3          # bump when the weights or graphs change: old exports become stale
 MAX_GRAPH_BYTES = 64 << 20    # a graph file holds no weights: a few hundred kilobytes
@@ -71,14 +75,18 @@ def ensure_weights(path: Path, header: Header, spec: Spec, cache_dir: Path, *,
     folder, key = export_dir(path, cache_dir), export_key(path)
     names = set(spec.tensors())
     index = read_index(folder, key, names)
-    if index is None:
-        if note:
-            note(f"exporting {path.name} to ONNX (once per model file)")
-        _build(path, header, spec, folder, key)
-        index = read_index(folder, key, names)
+    if index is not None:
+        return folder, index
+    with export_lock(folder):
+        index = read_index(folder, key, names)      # another process may have made it meanwhile
         if index is None:
-            raise ModelLoadError(f"the ONNX export of {path.name} in {folder} did not check out "
-                                 "after writing it; is the disk full?")
+            if note:
+                note(f"exporting {path.name} to ONNX (once per model file)")
+            _build(path, header, spec, folder, key)
+            index = read_index(folder, key, names)
+    if index is None:
+        raise ModelLoadError(f"the ONNX export of {path.name} in {folder} did not check out "
+                             "after writing it; is the disk full?")
     return folder, index
 
 
@@ -87,6 +95,13 @@ def ensure_graph(folder: Path, index: WeightIndex, spec: Spec, form: Form) -> Pa
     target = folder / form.file_name
     if _graph_ok(target, index.key, form):
         return target
+    with export_lock(folder):
+        if not _graph_ok(target, index.key, form):
+            _write_graph(target, index, spec, form)
+    return target
+
+
+def _write_graph(target: Path, index: WeightIndex, spec: Spec, form: Form) -> None:
     meta = {"localinfer.key": index.key, "localinfer.form": form.file_name}
     if form.kind == "dynamic":
         model = onnx_forms.dynamic(spec, index, form.accuracy, meta)
@@ -95,22 +110,39 @@ def ensure_graph(folder: Path, index: WeightIndex, spec: Spec, form: Form) -> Pa
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         tmp.write_bytes(model.SerializeToString())
-        for compiled in folder.glob(f"{target.stem}.*.ctx.onnx"):   # an NPU's build of the old one
-            compiled.unlink()
+        for compiled in target.parent.glob(f"{target.stem}.*.ctx.onnx"):   # an NPU's old build
+            compiled.unlink(missing_ok=True)
         os.replace(tmp, target)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise ModelLoadError(f"cannot write the ONNX graph {target}: {e}") from e
-    return target
+
+
+@contextlib.contextmanager
+def export_lock(folder: Path) -> Iterator[None]:
+    """Hold the lock of one model's export folder (released when the file closes, so also when
+    the process dies). Without advisory locks (Windows) the renames alone keep readers safe."""
+    lock_path = folder.parent / ".locks" / f"{folder.name}.lock"
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise ModelLoadError(f"cannot write the ONNX export under {folder.parent}: {e}") from e
+    with open(fd, "r+b") as handle:
+        if HAS_LOCKS:
+            import fcntl
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def discard(folder: Path) -> None:
     """Remove an export ONNX Runtime refused, so the next load builds it again."""
     old = folder.with_name(f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.old")
-    try:
-        os.rename(folder, old)
-    except OSError:
-        return
+    with export_lock(folder):
+        try:
+            os.rename(folder, old)
+        except OSError:
+            return
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -214,7 +246,7 @@ def _install(tmp: Path, folder: Path) -> None:
     try:
         os.rename(tmp, folder)
     except OSError:
-        pass          # another process installed its export first: it is as good as ours
+        pass          # without locks another process may have installed its export first
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

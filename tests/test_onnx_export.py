@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from localinfer.errors import ModelLoadError, UsageError
 from localinfer.models.gguf_header import read_header
 
 pytest.importorskip("onnx")
+from conftest import sha256_of  # noqa: E402
 from gguf_patch import set_value  # noqa: E402
 from onnx_tiny import write_tiny  # noqa: E402
 
@@ -86,7 +91,7 @@ def test_a_block_format_nothing_reads_is_one_clear_line(tmp_path):
     assert str(refused.value) == ("cannot export q81.gguf to ONNX: tensor blk.0.ffn_up.weight "
                                   "holds Q8_1 weights, which the exporter does not read; use "
                                   "--backend llama.cpp")
-    assert not any((tmp_path / "x").iterdir())               # nothing half-written left
+    assert _entries(tmp_path / "x") == []                    # nothing half-written left
 
 
 # -- the cache (on a tiny model: the same code, exported in a fraction of a second) ------------------
@@ -103,6 +108,11 @@ def _ensure(path: Path, cache: Path):
     return folder, index, graph
 
 
+def _entries(cache: Path) -> list[str]:
+    """The cache's entries other than the folder of export locks (a few empty files)."""
+    return sorted(p.name for p in cache.iterdir() if p.name != ".locks")
+
+
 def _identity(path: Path) -> tuple[int, int]:
     st = path.stat()
     return st.st_ino, st.st_mtime_ns
@@ -116,7 +126,7 @@ def test_export_is_made_once_and_reused(model_copy, tmp_path):
     again, index2, graph2 = _ensure(model_copy, cache)
     assert index2.key == index.key
     assert _identity(weights) == first and graph2 == graph
-    assert [p.name for p in cache.iterdir()] == [folder.name]          # no temporaries left
+    assert _entries(cache) == [folder.name]                            # no temporaries left
     assert sorted(p.name for p in folder.iterdir()) == [graph.name, MANIFEST, WEIGHTS]
 
 
@@ -128,7 +138,7 @@ def test_a_changed_source_is_exported_again(model_copy, tmp_path):
     os.utime(model_copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     again, index2, graph = _ensure(model_copy, cache)
     assert again == folder and index2.key != index.key and _identity(folder / WEIGHTS) != first
-    assert graph.is_file() and [p.name for p in cache.iterdir()] == [folder.name]
+    assert graph.is_file() and _entries(cache) == [folder.name]
 
 
 @pytest.mark.parametrize("damage", ["truncate weights", "rewrite weights", "garbage manifest",
@@ -173,3 +183,61 @@ def test_leftovers_of_a_killed_export_are_swept(model_copy, tmp_path):
         (d / WEIGHTS).write_bytes(b"partial")
     _ensure(model_copy, cache)
     assert not dead.exists() and alive.exists()
+
+
+# -- two processes exporting the same model at once ----------------------------------------------------
+def test_a_second_export_waits_for_the_first_and_uses_it(model_copy, tmp_path, monkeypatch):
+    # Both used to build: the second install renamed the first export away under the process
+    # about to read it ("did not check out after writing it", or a graph written into a folder
+    # that was gone). The second now waits on the export's lock and takes the finished export.
+    cache, writes, results, errors = tmp_path / "onnx", [], {}, []
+    real_write = onnx_export.write_weights
+
+    def slow_write(*args):
+        writes.append(threading.current_thread().name)
+        if len(writes) == 1:
+            second.start()
+            time.sleep(0.5)          # the second is at the lock (or, unlocked, writing too)
+        real_write(*args)
+
+    def export(name: str) -> None:
+        try:
+            results[name] = _ensure(model_copy, cache)
+        except Exception as e:       # any failure of either is the defect
+            errors.append(e)
+
+    monkeypatch.setattr(onnx_export, "write_weights", slow_write)
+    second = threading.Thread(target=export, args=("second",), name="second")
+    export("first")
+    second.join(60)
+    assert errors == [] and writes == ["MainThread"]
+    (folder, index, graph), (folder2, index2, graph2) = results["first"], results["second"]
+    assert (folder2, index2.key, graph2) == (folder, index.key, graph) and graph.is_file()
+    assert _entries(cache) == [folder.name]
+
+
+EXPORT_AND_RUN = ("run", "{model}", "The capital of France is", "--raw", "--temp", "0", "-n", "8",
+                  "--no-cache", "--draft", "none", "--backend", "onnx")
+
+
+@pytest.mark.slow
+def test_processes_exporting_one_model_at_once_all_succeed(smollm_path, tmp_path):
+    """Four `run --backend onnx` processes on a fresh store, three times over: each answers, with
+    the same text, and one export is left, whole. Unlocked, about one process in twenty failed
+    (the thread test above shows the cause every time)."""
+    args = [a.format(model=smollm_path) for a in EXPORT_AND_RUN]
+    for round_ in range(3):
+        home = tmp_path / f"home{round_}"
+        env = {**os.environ, "LOCALINFER_HOME": str(home), "NO_COLOR": "1"}
+        procs = [subprocess.Popen([sys.executable, "-m", "localinfer", *args], env=env, text=True,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) for _ in range(4)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outs]
+        assert len({out for out, _ in outs}) == 1 and outs[0][0].strip()
+        cache = home / "data" / "models" / ".onnx"
+        (folder,) = [cache / name for name in _entries(cache)]
+        assert sorted(p.name for p in folder.iterdir()) == ["dynamic-a4.onnx", MANIFEST, WEIGHTS]
+        if round_ == 0:
+            first = sha256_of(folder / WEIGHTS)
+        assert sha256_of(folder / WEIGHTS) == first       # the same export every time

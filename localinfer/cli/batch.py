@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import queue
 import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
 from typing import Optional
 
 import typer
@@ -11,7 +15,7 @@ import typer
 from localinfer.cli import console, shell
 from localinfer.cli.options import (ctx_option, fit_model, memory_option, offline_option,
                                     quant_option, threads_option)
-from localinfer.errors import EXIT_RUNTIME, UsageError
+from localinfer.errors import EXIT_RUNTIME, LocalinferError, UsageError
 
 PLACEHOLDER = "{}"
 
@@ -55,26 +59,31 @@ def map_lines(
         raise UsageError(f"the template has no {PLACEHOLDER} for the line")
     params = SamplingParams(temperature=temp, seed=seed)     # refused before anything loads
     output = from_options(json_schema, grammar)
-    lines = _input_lines()
+    feed = _input_lines(ahead=2 * parallel)
+    feed.peek()                 # a first line that is not text is refused before the model loads
     _, batch = open_batch(model, parallel=parallel, ctx=ctx, quant=quant, memory_=memory_,
                           threads=threads, offline=offline)
     try:
-        failed = _answer(batch, lines, template, params, Limits(max_tokens, tuple(stop)),
-                         system=system, raw=raw, jsonl=as_jsonl, use_cache=not no_cache,
-                         gbnf=output.gbnf if output else None)
+        printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
+                                              system=system, raw=raw,
+                                              gbnf=output.gbnf if output else None),
+                          jsonl=as_jsonl, use_cache=not no_cache)
     finally:
         batch.close()
-    if failed:
-        console.warn(f"{failed} of {len(lines)} lines failed")
+    if printer.failed:
+        console.warn(f"{printer.failed} of {printer.count} lines failed")
+    if feed.error:              # the lines before it are answered; the rest is not read
+        raise feed.error
+    if printer.failed:
         raise typer.Exit(EXIT_RUNTIME)
 
 
-def _input_lines() -> list[str]:
-    text = shell.read_stdin()
-    if text is None:
+def _input_lines(ahead: int) -> _Feed:
+    lines = shell.stdin_lines()
+    if lines is None:
         raise UsageError("map reads its lines from stdin: pipe them in (`... | localinfer map "
                          "MODEL \"...{}...\"`)")
-    return text.splitlines()
+    return _Feed(lines, ahead)
 
 
 def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str | None,
@@ -91,40 +100,97 @@ def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str 
     return ref, SequenceBatch(path, options, parallel + 1)
 
 
-def _answer(batch, lines, template, params, limits, *, system, raw, jsonl, use_cache,
-            gbnf) -> int:
-    """Run every line through the scheduler, printing answers in input order; the failures."""
+def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool) -> _InOrder:
+    """Run the lines through the scheduler as they come, printing answers in input order.
+
+    A line becomes a job (tokenized, with its sampler) only when the scheduler has a free
+    sequence for it, and at most `feed.ahead` lines are read but not printed yet: memory holds
+    that window, not the input."""
     from localinfer.cache import prompt_cache
     from localinfer.engine.scheduler import Scheduler
-    jobs = _jobs(batch.session, lines, template, params, limits, system=system, raw=raw,
-                 gbnf=gbnf)
-    printer = _InOrder(lines, jsonl)
-    prefix = _shared_prefix([j.prompt for j in jobs])
+    printer = _InOrder(jsonl)
+    first = feed.peek()
+    if first is None:
+        return printer
+    session, parallel = batch.session, batch.n_seq - 1
+    created = 0
+
+    def arrivals(idle: bool):
+        nonlocal created
+        jobs = []
+        # created - count: in the scheduler; created - next: read and not printed yet
+        while created - printer.count < parallel and created - printer.next < feed.ahead:
+            line = feed.take(block=idle and not jobs)
+            if line is None:
+                break
+            job = lines.job(session, line, created)
+            printer.read(created, line)
+            created += 1
+            if job.error:
+                done(job)
+            else:
+                jobs.append(job)
+        return None if not jobs and feed.exhausted else jobs
+
     with console.progress_bar("answering") as progress:
         def done(job) -> None:
+            job.sampler, job.prompt = None, []      # its grammar, if any, is freed with it
             printer.finished(job)
-            job.sampler = None          # its grammar, if any, is freed with it
             if progress:
-                progress(printer.count, len(jobs), "")
-        store = prompt_cache.open_for(batch.session, enabled=use_cache)
-        Scheduler(batch, prefix=prefix, store=store).run(jobs, done)
-    return printer.failed
+                progress(printer.count, created, "")
+        store = prompt_cache.open_for(session, enabled=use_cache)
+        prefix = lines.prefix(session, first)
+        Scheduler(batch, prefix=prefix, store=store).run([], done, arrivals)
+    return printer
 
 
-def _jobs(session, lines, template, params, limits, *, system, raw, gbnf):
-    from dataclasses import replace
+class _Lines:
+    """How map turns a line into its job: the template, sampling, limits and grammar."""
 
-    from localinfer.engine.prompt import PromptText, prompt_tokens
-    from localinfer.engine.sampling import make_sampler
-    from localinfer.engine.scheduler import Job
-    jobs = []
-    for i, line in enumerate(lines):
-        seeded = params if params.seed in (None, -1) else replace(params, seed=params.seed + i)
-        text = template.replace(PLACEHOLDER, line)
-        sampler = _constrained(seeded, session, gbnf) if gbnf else make_sampler(seeded)
-        jobs.append(Job(prompt_tokens(session, PromptText(text, 0, system, raw)), sampler,
-                        limits, index=i))
-    return jobs
+    def __init__(self, template: str, params, limits, *, system: str | None, raw: bool,
+                 gbnf: str | None) -> None:
+        self.template, self.params, self.limits = template, params, limits
+        self.system, self.raw, self.gbnf = system, raw, gbnf
+
+    def job(self, session, line: str, index: int):
+        from dataclasses import replace
+
+        from localinfer.engine.sampling import make_sampler
+        from localinfer.engine.scheduler import Job
+        params = self.params
+        if params.seed not in (None, -1):
+            params = replace(params, seed=params.seed + index)
+        try:
+            prompt = self.tokens(session, line)
+        except LocalinferError as e:    # e.g. the chat template refuses this line: it alone fails
+            return Job([], make_sampler(params), self.limits, index=index, error=str(e))
+        sampler = _constrained(params, session, self.gbnf) if self.gbnf else make_sampler(params)
+        return Job(prompt, sampler, self.limits, index=index)
+
+    def tokens(self, session, line: str) -> list[int]:
+        from localinfer.engine.prompt import PromptText, prompt_tokens
+        text = self.template.replace(PLACEHOLDER, line)
+        return prompt_tokens(session, PromptText(text, 0, self.system, self.raw))
+
+    def prefix(self, session, first_line: str) -> list[int]:
+        """The tokens every line's prompt starts with, known before the lines are: where the
+        template's prompt parts for two unlike lines, or sooner where the first line's does
+        (a line may tokenize into what the template has before `{}`). A prompt that parts from
+        it sooner still shares the cells up to where it parts, no more.
+
+        A chat template that fails for the probes fails the run here, in one line, before any
+        line is answered; one that fails for the first line alone fails that line, later."""
+        prompts = [self.tokens(session, probe) for probe in _PROBES]
+        try:
+            prompts.append(self.tokens(session, first_line))
+        except LocalinferError:
+            pass
+        return _shared_prefix(prompts)
+
+
+# Two lines unlike in their first character's class: where their prompts part is where the line
+# begins, whatever a tokenizer merges at the boundary.
+_PROBES = ("A", "7")
 
 
 def _constrained(params, session, gbnf: str):
@@ -151,12 +217,18 @@ def _shared_prefix(prompts: list[list[int]]) -> list[int]:
 
 
 class _InOrder:
-    """Prints each answer once every line before it is printed: input order, as they finish."""
+    """Prints each answer once every line before it is printed: input order, as they finish.
+    Holds only the lines read but not printed yet (the finished ones waiting for an earlier one)."""
 
-    def __init__(self, lines: list[str], jsonl: bool) -> None:
-        self.lines, self.jsonl = lines, jsonl
+    def __init__(self, jsonl: bool) -> None:
+        self.jsonl = jsonl
+        self.inputs: dict[int, str] = {}            # the lines --jsonl echoes, until printed
         self.ready: dict[int, object] = {}
-        self.next = self.count = self.failed = 0
+        self.next = self.count = self.failed = 0    # printed, finished, failed
+
+    def read(self, index: int, line: str) -> None:
+        if self.jsonl:
+            self.inputs[index] = line
 
     def finished(self, job) -> None:
         self.ready[job.index] = job
@@ -168,9 +240,8 @@ class _InOrder:
         sys.stdout.flush()
 
     def _print(self, job) -> None:
-        line = self.lines[job.index]
         if self.jsonl:
-            record = {"input": line}
+            record = {"input": self.inputs.pop(job.index)}
             record |= {"error": job.error} if job.error else \
                 {"answer": job.text, "finish_reason": job.stats.finish_reason}
             sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -180,3 +251,55 @@ class _InOrder:
             sys.stdout.write("\n")          # its place kept: line N of the output is line N's
             return
         sys.stdout.write(job.text.strip().replace("\\", "\\\\").replace("\n", "\\n") + "\n")
+
+
+_END = object()        # the reading thread is done
+
+
+class _Feed:
+    """stdin's lines, read in a thread of their own so that a producer that pauses never stalls
+    the answers under way; what one read of stdin brought waits here, two reads at most. A bad
+    line (not text, too long) ends the input there: `error` holds why, raised once the lines
+    before it are answered."""
+
+    def __init__(self, reads: Iterator[list[str]], ahead: int) -> None:
+        self.ahead = ahead              # lines read but not printed yet, at most (map's window)
+        self.error: Exception | None = None
+        self.exhausted = False
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._lines: deque[str] = deque()
+        threading.Thread(target=self._read, args=(reads,), daemon=True,
+                         name="map-stdin").start()
+
+    def _read(self, reads: Iterator[list[str]]) -> None:
+        try:
+            for lines in reads:
+                self._queue.put(lines)
+        except Exception as e:      # noqa: BLE001 - handed to the main thread, raised there
+            self._queue.put(e)
+        self._queue.put(_END)
+
+    def peek(self) -> str | None:
+        """The first line, waiting for it (None: there is none); a bad first line is raised."""
+        if not self._lines and not self.exhausted:
+            first = self.take(block=True)
+            if first is not None:
+                self._lines.appendleft(first)
+        if self.error and not self._lines:
+            raise self.error
+        return self._lines[0] if self._lines else None
+
+    def take(self, *, block: bool) -> str | None:
+        """The next line; None when none is there yet (block: until one is) or ever will be."""
+        while not self._lines and not self.exhausted:
+            try:
+                item = self._queue.get(block=block)
+            except queue.Empty:
+                return None
+            if isinstance(item, list):
+                self._lines.extend(item)
+                continue
+            self.exhausted = True
+            if isinstance(item, Exception):
+                self.error = item
+        return self._lines.popleft() if self._lines else None

@@ -9,7 +9,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from localinfer.cli import console
@@ -67,6 +67,78 @@ def _read_text(stream, limit: int) -> str:
                              "(e.g. `head -c 1M FILE |`) or raise LOCALINFER_STDIN_BYTES (e.g. 64M)")
         if final:
             return "".join(parts).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def stdin_lines(limit: int | None = None) -> Iterator[list[str]] | None:
+    """Piped input line by line as it comes (`map`): the lines each read of stdin completes, or
+    None when stdin is a terminal or absent.
+
+    Lines end at `\\n` alone, as `wc -l` and `while read` count them: a `\\r` before it goes
+    with it, and `\\r`, form feeds or U+2028 inside a line stay in it; a last line without a
+    newline is a line. Each line holds at most `limit` bytes (settings' stdin_bytes by default)
+    and must be UTF-8 text without NUL; the whole input is unbounded, since it is never held.
+    A bad line is raised where it comes, after the lines before it are given.
+    """
+    stream = sys.stdin
+    if stream is None or console.interactive(stream):
+        return None
+    if limit is None:
+        from localinfer import settings
+        limit = settings.load().stdin_bytes
+    return _lines(getattr(stream, "buffer", None) or _Encoded(stream), limit)
+
+
+def _lines(stream, limit: int) -> Iterator[list[str]]:
+    pending = bytearray()
+    start = number = 0                  # where `pending` begins in the input; lines given
+    while True:
+        try:
+            chunk = stream.read1(_CHUNK)
+        except ValueError:              # closed by whoever started us
+            chunk = b""
+        except OSError as e:            # e.g. a directory given as stdin
+            raise UsageError(f"cannot read stdin: {e.strerror or e}") from e
+        seen = len(pending)
+        pending += chunk
+        lines: list[str] = []
+        try:
+            end = pending.find(b"\n", seen)
+            while end >= 0 or (not chunk and pending):
+                cut = end if end >= 0 else len(pending)
+                lines.append(_line_text(bytes(pending[:cut]), start, len(lines) + number + 1,
+                                        limit))
+                del pending[:cut + 1]
+                start += cut + 1
+                end = pending.find(b"\n")
+            if len(pending) > limit + 1:        # + 1: a \r that may go with its newline
+                raise _line_too_long(number + len(lines) + 1, limit)
+        except UsageError:
+            if lines:
+                yield lines
+            raise
+        number += len(lines)
+        if lines:
+            yield lines
+        if not chunk:
+            return
+
+
+def _line_text(data: bytes, start: int, number: int, limit: int) -> str:
+    if data.endswith(b"\r"):
+        data = data[:-1]
+    if len(data) > limit:
+        raise _line_too_long(number, limit)
+    if b"\0" in data:
+        raise _nul_in_stdin()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(f"invalid byte at offset {start + e.start}, line {number}") from e
+
+
+def _line_too_long(number: int, limit: int) -> UsageError:
+    return UsageError(f"stdin line {number} holds more than {human_size(limit)}; split it, or "
+                      "raise LOCALINFER_STDIN_BYTES (e.g. 64M), the most one line may hold")
 
 
 def chat_line(read: Callable[[], str]) -> str:

@@ -252,3 +252,22 @@ def test_a_line_the_chat_template_refuses_fails_alone(models_home, smollm_path, 
     assert [line for line in result.stderr.splitlines() if "not this one" in line] == \
         [line for line in result.stderr.splitlines() if line.startswith("localinfer: ")]
     assert result.stderr.count("localinfer: error:") == 1, result.stderr
+
+
+@pytest.mark.slow
+def test_a_bad_line_ends_the_input_after_the_lines_before_it_are_answered(models_home):
+    args = [sys.executable, "-m", "localinfer", "map", "smollm2", "Name a fruit that is {}.",
+            "--temp", "0", "-n", "4", "--offline"]
+    env = {**os.environ, "LOCALINFER_HOME": str(models_home), "NO_COLOR": "1"}
+    result = subprocess.run(args, input=b"red\nblue\n\xff\nnever\n", capture_output=True, env=env,
+                            timeout=300)
+    assert result.returncode == 2
+    assert result.stdout.decode().count("\n") == 2 and all(result.stdout.decode().split("\n")[:2])
+    assert result.stderr.decode().splitlines() == [
+        "localinfer: error: stdin is not UTF-8 text (invalid byte at offset 9, line 3); pipe text, "
+        "or convert it first, e.g. with `iconv -f latin1 -t utf-8`"]
+    # A bad first line is refused before the model is even looked up.
+    unknown = [a if a != "smollm2" else "no-such-model" for a in args]
+    first = subprocess.run(unknown, input=b"\xffred\n", capture_output=True, env=env, timeout=300)
+    assert first.returncode == 2 and first.stdout == b""
+    assert first.stderr.decode().startswith("localinfer: error: stdin is not UTF-8 text")

@@ -120,28 +120,55 @@ def test_one_answer_per_input_line(models_home):
     assert plain.returncode == 0 and plain.stdout.count("\n") == len(INSIDE), plain.stdout
 
 
-@pytest.mark.slow
-def test_first_answer_prints_before_stdin_closes(models_home):
-    args = ["map", "smollm2", "Name a fruit that is {}.", "--temp", "0", "-n", "4", "--offline"]
-    child = subprocess.Popen([sys.executable, "-m", "localinfer", *args], stdin=subprocess.PIPE,
+MAP_RED = ["map", "smollm2", "Name a fruit that is {}.", "--temp", "0", "-n", "4", "--offline"]
+
+
+def _first_answer_with_stdin_open(home: Path) -> tuple[subprocess.Popen, str]:
+    """A map whose producer wrote one line and keeps the pipe open; its first answer line."""
+    child = subprocess.Popen([sys.executable, "-m", "localinfer", *MAP_RED], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "LOCALINFER_HOME": str(models_home), "NO_COLOR": "1"})
+                             env={**os.environ, "LOCALINFER_HOME": str(home), "NO_COLOR": "1"})
     first: list[str] = []
     reader = threading.Thread(target=lambda: first.append(child.stdout.readline()), daemon=True)
     reader.start()
     child.stdin.write("red\n")
     child.stdin.flush()
     reader.join(timeout=120)               # loading and one answer: seconds
+    if not (first and first[0].strip()):
+        child.kill()
+        pytest.fail("no answer while stdin was open")
+    return child, first[0]
+
+
+@pytest.mark.slow
+def test_first_answer_prints_before_stdin_closes(models_home):
+    child, first = _first_answer_with_stdin_open(models_home)
     try:
-        assert first and first[0].strip(), "no answer while stdin was open"
         assert child.poll() is None        # still reading
         child.stdin.write("blue\n")
         rest, err = child.communicate(timeout=120)
     finally:
         child.kill()
     assert child.returncode == 0, err
-    alone = run_cli("map", *args[1:], input="red\nblue\n")
-    assert first[0] + rest == alone.stdout
+    alone = run_cli(*MAP_RED, input="red\nblue\n")
+    assert first + rest == alone.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_waiting_for_a_line_is_a_clean_interrupt(models_home):
+    """The reading thread is blocked in a read of stdin then: it must hold no lock that Python's
+    exit waits for (it did: "Fatal Python error: _enter_buffered_busy", exit 134)."""
+    import signal
+    child, _ = _first_answer_with_stdin_open(models_home)
+    try:
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=60)             # stdin still open: the thread still blocked in a read
+        err = child.stderr.read()
+    finally:
+        child.kill()
+        child.stdin.close()
+    assert child.returncode == 130, err
+    assert "Fatal" not in err and "Traceback" not in err, err
 
 
 def _peak_rss(args: list[str], stdin: Path, home: Path) -> tuple[int, str]:

@@ -85,7 +85,23 @@ def stdin_lines(limit: int | None = None) -> Iterator[list[str]] | None:
     if limit is None:
         from localinfer import settings
         limit = settings.load().stdin_bytes
-    return _lines(getattr(stream, "buffer", None) or _Encoded(stream), limit)
+    try:
+        reader = _Descriptor(stream.fileno())
+    except (AttributeError, OSError, ValueError):   # no descriptor: a stream a test substitutes
+        reader = getattr(stream, "buffer", None) or _Encoded(stream)
+    return _lines(reader, limit)
+
+
+class _Descriptor:
+    """Reads of a file descriptor, no Python buffer between: `map` reads stdin in a thread of its
+    own, and one blocked inside a buffered reader holds its lock, which Python's exit then waits
+    for and aborts on (exit 134 at Ctrl-C)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read1(self, n: int) -> bytes:
+        return os.read(self._fd, n)
 
 
 def _lines(stream, limit: int) -> Iterator[list[str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -168,15 +169,27 @@ def _reason(said: str, gbnf: str) -> str:
         what = what.rsplit("\n\n" + gbnf, 1)[0] if gbnf else what    # its echo of the grammar
         message, rest = _split_at_rest(what, gbnf)
         if rest is not None:
-            offset = len(gbnf) - len(rest)
-            line = gbnf.count("\n", 0, offset) + 1
-            column = offset - (gbnf.rfind("\n", 0, offset) + 1) + 1
-            return f"line {line}, column {column}: {_short(message)}"
-        return _short(message.split(" at ", 1)[0].strip().split("\n", 1)[0])
+            return f"{_place(gbnf, len(gbnf) - len(rest))}: {_short(message)}"
+        message = message.split(" at ", 1)[0].strip().split("\n", 1)[0]
+        return _undefined(message, gbnf) or _short(message)
     for line in said.replace(gbnf, "").splitlines():     # llama.cpp's lines, not the grammar's
         if "grammar" in line and ("root" in line or "recursion" in line or "undefined" in line):
             return _short(line.strip().rstrip("."))
     return "it does not parse"
+
+
+def _undefined(message: str, gbnf: str) -> str | None:
+    """"Undefined rule identifier 'NAME'" as the place NAME is first used, not NAME itself."""
+    name = message.partition("Undefined rule identifier '")[2].rstrip("'")
+    used = re.search(rf"(?<![a-zA-Z0-9-]){re.escape(name)}(?![a-zA-Z0-9-])", gbnf) if name else None
+    if not used:
+        return None
+    return f"{_place(gbnf, used.start())}: a rule that is never defined"
+
+
+def _place(gbnf: str, offset: int) -> str:
+    line = gbnf.count("\n", 0, offset) + 1
+    return f"line {line}, column {offset - (gbnf.rfind(chr(10), 0, offset) + 1) + 1}"
 
 
 def _short(message: str) -> str:

@@ -6,6 +6,7 @@ the grammar that produced them."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -21,7 +22,7 @@ from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel, load_model
 from localinfer.engine.prompt import chat_tokens, raw_tokens
 from localinfer.engine.sampling import SamplingParams, candidate_probs
-from localinfer.engine.structured import from_schema
+from localinfer.engine.structured import OutputFormat, from_schema, incomplete
 from localinfer.models import refs
 from localinfer.speculate import choose
 from localinfer.speculate.drafters import Draft, PromptLookup
@@ -172,6 +173,72 @@ def test_speculation_over_a_long_document_equals_plain_constrained(request, mode
         assert stats.drafted > 0
 
 
+# -- literals JSON escapes: constants, enum values, property names, pattern characters ----------
+HOSTILE = "x\"y\\z\n\u0000\t\u001f"        # a quote, a backslash, a newline, NUL, TAB, US
+LITERAL_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"const": "x\"y\\z\n\u0000"}}, "required": ["a"]},
+    {"type": "object", "properties": {"a": {"enum": [HOSTILE, "\\", '"', "\n", "\u0000"]}},
+     "required": ["a"]},
+    {"type": "object", "properties": {'q"b\\n\nx': {"type": "integer"}, HOSTILE: {"const": 1}},
+     "required": ['q"b\\n\nx', HOSTILE]},
+    {"enum": [{"k\"": ["\\\n"]}, [HOSTILE]]},
+    {"type": "object", "properties": {"p": {"type": "string", "pattern": '^a"b\\\\c\\n\\x00$'}},
+     "required": ["p"]},
+    {"type": "object", "properties": {"p": {"type": "string", "pattern": "^[ -~]{4,8}$"},
+                                      "q": {"type": "string", "pattern": "^.{1,6}[^a-z]$"}},
+     "required": ["p", "q"]},
+]
+
+
+@pytest.mark.parametrize("schema", LITERAL_SCHEMAS, ids=range(len(LITERAL_SCHEMAS)))
+def test_literals_holding_json_escapes_give_valid_json(smollm, schema):
+    """Before, the converter left the backslashes of json.dumps' text unescaped: the grammar
+    did not parse, or ended the literal early and wrote invalid JSON."""
+    text, generation = _constrained(smollm, schema, "Answer in JSON.", max_tokens=120)
+    assert generation.stats.finish_reason == "stop", text
+    _valid(text, schema)
+
+
+@pytest.mark.parametrize("pattern, inside, outside", [
+    ('^a"b\\\\c\\n$', ['a"b\\c\n'], ["ab\\c\n", 'a"bc\n', 'a"b\\c']),
+    ("^[ -~]{2,3}$", ['"\\', "a b", '\\\\'], ["a", "abcd", "\t\t"]),
+    ("^.+$", ['say "hi"', "\\", "é中😀"], ["", "a\nb"]),
+    ("^[^a]\\d$", ['"1', "\\9", "b0"], ["a1", "bb"]),
+    ("^(\\x41|\\u00e9)+\\.$", ["A.", "éAé."], ["A", "B."]),
+])
+def test_patterns_spell_exactly_their_strings_as_json(smollm, pattern, inside, outside):
+    """The grammar of a pattern, walked token by token along each string's JSON text: it takes
+    the strings the pattern matches (a quote, a backslash, a newline escaped as JSON requires)
+    and none it does not. A class is narrowed to what JSON holds unescaped, a quote and a
+    backslash: `[^a]` does not take a newline (written \\n) nor a NUL."""
+    gbnf = from_schema({"type": "string", "pattern": pattern}, "test").gbnf
+    for string in inside + outside:
+        assert bool(re.fullmatch(pattern[1:-1], string)) == (string in inside), string
+        assert _spells(smollm.session, gbnf, json.dumps(string, ensure_ascii=False)) == \
+            (string in inside), string
+    if pattern == "^[^a]\\d$":
+        assert not _spells(smollm.session, gbnf, json.dumps("\n1"))
+
+
+def _spells(session, gbnf: str, text: str) -> bool:
+    """Whether the grammar takes exactly this text (its tokens one by one, then the end)."""
+    grammar = session.grammar(gbnf)
+    for token in session.tokenize(text, special=False):
+        if not grammar.allows(np.array([token], dtype=np.int32))[0]:
+            return False
+        grammar.accept(token)
+    return bool(grammar.allows(np.array([session.eos_token], dtype=np.int32))[0])
+
+
+def test_an_answer_the_model_ended_does_not_blame_a_stop_string():
+    """finish_reason "stop" is also the end-of-generation token: the message says which."""
+    fmt = OutputFormat("root ::= x", True)
+    assert "end-of-generation token" in incomplete(fmt, '{"a": ', "stop")
+    assert "--stop string" in incomplete(fmt, '{"a": ', "stop", stop_string=True)
+    assert "was cancelled" in incomplete(fmt, "{", "cancelled")
+    assert incomplete(fmt, '{"a": 1}', "stop") is None
+
+
 # -- the constrained distribution (a fake grammar: exact counts need a fixed vocabulary) -----------
 class _Allowed:
     """A grammar that allows a fixed set of token ids, for the sampler's arithmetic."""
@@ -278,6 +345,16 @@ def test_an_answer_cut_short_is_a_failure_in_one_line(models_home):
         "complete; stdout holds the partial document"]
 
 
+def test_an_answer_a_stop_string_cut_says_so(models_home):
+    schema = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
+    cut = run_cli("run", SMOLLM, "Paris is in France. The city, as JSON:", "--json-schema",
+                  json.dumps(schema), "--temp", "0", "--stop", "city", "--offline")
+    assert cut.returncode == 1
+    assert cut.stderr.strip().splitlines() == [
+        "localinfer: error: the answer reached a --stop string before its JSON document was "
+        "complete; stdout holds the partial document"]
+
+
 def test_map_and_chat_constrain_every_answer(models_home):
     schema = {"type": "object", "required": ["city", "country"],
               "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
@@ -309,7 +386,7 @@ BAD = [
     (["--json-schema", '{"type": "strin"}'], "/type: unknown type 'strin'"),
     (["--json-schema", "no-such-schema.json"], "--json-schema no-such-schema.json: no such file"),
     (["--grammar", "GRAMMAR:root ::= (\"a\" | \"b\"\n"], "line 2, column 1: expecting ')'"),
-    (["--grammar", 'GRAMMAR:root ::= "a" tail\n'], "Undefined rule identifier 'tail'"),
+    (["--grammar", 'GRAMMAR:root ::= "a" tail\n'], "line 1, column 14: a rule that is never defined"),
     (["--grammar", 'GRAMMAR:start ::= "a"\n'], "grammar does not contain a 'root' symbol"),
     (["--grammar", "GRAMMAR:root ::= root \"a\"\n"], "left recursion"),
     (["--grammar", "GRAMMAR:x", "--json-schema", "{}"], "cannot be used together"),

@@ -120,7 +120,8 @@ class _Scan:
         members: list[tuple[int, int]] = []
         while self.i < len(self.text) and self.text[self.i] != "]":
             low = high = self._char(start)
-            if self.text.startswith("-", self.i) and self.text[self.i + 1:self.i + 2] not in ("]", ""):
+            if self.text.startswith("-", self.i) and \
+                    self.text[self.i + 1:self.i + 2] not in ("]", ""):
                 self.i += 1
                 high = self._char(start)
             members.append((low, high))

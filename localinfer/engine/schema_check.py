@@ -173,7 +173,7 @@ def _check_constants(node: dict, at: str, where: str) -> int:
         raise UsageError(f"{where}: {at}/enum must be a non-empty list")
     values = ([node["const"]] if "const" in node else []) + node.get("enum", [])
     try:
-        return sum(len(json.dumps(v)) for v in values)
+        return sum(len(json.dumps(v, allow_nan=False)) for v in values)
     except RecursionError:
         raise UsageError(f"{where}: {at}: a const or enum value is nested too deeply") from None
     except ValueError:          # NaN or an infinity (Python's json reads them; JSON has none)

@@ -25,7 +25,7 @@ _CONTROL_ESCAPES = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "0": 0}
 _META = set("[](){}*+?|.^$\\/-")
 # Kept as they are: the converter's own literal handling is safe for these.
 _COUNT = re.compile(r"\{ *([0-9]+) *(?:(,) *([0-9]*) *)?\}")
-_PLAIN = set("!#%&',:;<=>@_`~ -/") | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+_PLAIN = set("!#%&',:;<=>@_`~ -/") | {chr(c) for c in range(0x30, 0x7B) if chr(c).isalnum()}
 
 
 class PatternError(ValueError):
@@ -151,7 +151,8 @@ class _Rewriter:
                 ranges += shorthand
                 continue
             high = low
-            if self.text.startswith("-", self.i) and self.text[self.i + 1:self.i + 2] not in ("]", ""):
+            if self.text.startswith("-", self.i) and \
+                    self.text[self.i + 1:self.i + 2] not in ("]", ""):
                 self.i += 1
                 high, shorthand = self._class_char()
                 if shorthand is not None or high < low:
@@ -190,8 +191,8 @@ def _class_text(ranges: Ranges) -> str:
         raise PatternError("a character class matches no character a JSON string can hold")
     parts = []
     if safe:
-        parts.append("[" + "".join(_class_char_text(lo) + ("" if lo == hi else "-" + _class_char_text(hi))
-                                   for lo, hi in safe) + "]")
+        parts.append("[" + "".join(_class_char_text(lo) + (
+            "" if lo == hi else "-" + _class_char_text(hi)) for lo, hi in safe) + "]")
     if escaped:
         parts.append("\\\\[" + "".join(_class_char_text(lo) for lo, _ in escaped) + "]")
     # An escape is two characters: grouped, a quantifier after the class repeats all of it.

@@ -169,3 +169,35 @@ def test_a_prompt_the_prompt_cache_holds_is_restored_into_its_sequence(request, 
     assert all(cached == 0 for _, cached in answers[False])
     assert all(cached >= 256 for _, cached in answers[True]), answers[True]
     assert [t for t, _ in answers[True]] == [t for t, _ in answers[False]]
+
+
+def test_a_grammar_that_dead_ends_fails_its_own_line_only(models_home, tmp_path):
+    """Issue 24, item 11: an answer that starts with 5 must go on with U+200000, beyond what
+    UTF-8's four bytes (and llama.cpp's decoder of token pieces) reach, so no token can spell it
+    and the grammar allows no token there. (A NUL, the other such character, is refused before
+    loading now.) That line fails alone; the others are answered as a grammar without the dead end
+    answers them. Which lines start with 5 is found first, so the test holds wherever greedy
+    decoding differs. Needs the scheduler's per-job failure (the server helper's change to
+    engine/scheduler.py for item 1); before it, the sampler's error ended the whole run."""
+    numbers = tmp_path / "numbers.gbnf"
+    numbers.write_text('root ::= [0-9]+\n')
+    dead_end = tmp_path / "dead_end.gbnf"
+    dead_end.write_text('root ::= [0-46-9] [0-9]* | "5" "\\U00200000"\n')
+    args = ["map", "smollm2", "What number comes after {}? Answer with the number only.",
+            "--temp", "0", "-n", "4", "--offline", "-P", "3", "--grammar"]
+    lines = "".join(f"{i}\n" for i in range(1, 9))
+    plain = run_cli(*args, str(numbers), input=lines)
+    assert plain.returncode == 0, plain.stderr
+    expected = plain.stdout.split("\n")[:-1]
+    failing = [i for i, answer in enumerate(expected) if answer.startswith("5")]
+    assert failing and len(failing) < len(expected), expected
+    result = run_cli(*args, str(dead_end), input=lines)
+    assert result.returncode == 1, result.stderr
+    answers = result.stdout.split("\n")[:-1]
+    assert answers == ["" if i in failing else a for i, a in enumerate(expected)]
+    warnings = [w for w in result.stderr.splitlines() if w.startswith("localinfer: warning: line")]
+    assert warnings == [f"localinfer: warning: line {i + 1}: the grammar allows no token of this "
+                        "model's vocabulary here; check that its literals can be spelled with the "
+                        "model's tokens" for i in failing]
+    assert f"{len(failing)} of 8 lines failed" in result.stderr
+    assert "error:" not in result.stderr

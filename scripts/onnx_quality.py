@@ -4,7 +4,11 @@
 - top-1 agreement and mean (and max) KL against an independent float64 forward of the same GGUF
   weights (tests/onnx_reference.py), over the first N teacher-forced tokens of the bundled `eval`
   text, for ONNX at accuracy level 0 (exact float32), at level 4 (int8 activations, the default
-  of `--backend onnx`) and for the llama.cpp backend beside them;
+  of `--backend onnx`) and for the llama.cpp backend beside them, on both of its x86 kernel
+  paths: plain, and "repacked" (the file's Q4_0/Q4_K/IQ4_NL/Q2_K/MXFP4 matrices in llama.cpp's
+  CPU_REPACK buffer, as an AVX2/AVX-512 CPU without AMX loads them by default), with each
+  engine's p99.9 error on the difference of the top logit and the next four (what a greedy
+  parting can hide: tests/onnx_reference.py PARTING_TOLERANCE);
 - `localinfer eval` perplexity with `--backend llama.cpp` and `--backend onnx` on the same file,
   text, context and chunks, and their relative difference (the target: within 1%).
 
@@ -19,6 +23,8 @@ sys.path here) rather than copied, so the script and the tests measure against o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import datetime
 import json
 import shlex
@@ -35,7 +41,9 @@ from onnx_reference import Float64Model, kl  # noqa: E402
 from localinfer.backends import LoadOptions  # noqa: E402
 from localinfer.measure import quality  # noqa: E402
 
-ENGINES = ("onnx a0", "onnx a4", "llama.cpp")
+ENGINES = ("onnx a0", "onnx a4", "llama.cpp", "llama.cpp repacked")
+# What ggml-cpu/repack.cpp repacks on x86-64 (AVX2; Q2_K with AVX-512): 2-D weights only.
+REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL", "Q2_K", "MXFP4")
 PIECE = quality.PIECE    # rows per eval call and per KL reduction: flat memory on 262k vocabularies
 
 
@@ -54,11 +62,53 @@ def locate(model: str) -> Path:
 def open_session(path: Path, engine: str, n_ctx: int):
     """A fresh session of one engine on the file, with a context that holds all the tokens."""
     options = LoadOptions(n_ctx=n_ctx, n_batch=n_ctx)
-    if engine == "llama.cpp":
+    if engine.startswith("llama.cpp"):
         from localinfer.backends.llama_cpp import LlamaCppSession
+        if engine == "llama.cpp repacked":
+            with repacked(path):
+                return LlamaCppSession(path, options)
         return LlamaCppSession(path, options)
     from localinfer.backends.onnx_backend import OnnxOptions, OnnxSession
     return OnnxSession(path, options, OnnxOptions(accuracy=int(engine[-1])))
+
+
+class _Override(ctypes.Structure):          # struct llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@contextlib.contextmanager
+def repacked(path: Path):
+    """llama.cpp loads the file's repackable matrices into the CPU_REPACK buffer type while this
+    is on, through tensor_buft_overrides (which skip AMX): the kernel path of a CPU without AMX,
+    on any x86 CPU. The backend itself keeps AMX CPUs off the extra buffers (llama_devices)."""
+    import llama_cpp
+
+    from localinfer.backends import llama_devices
+    from localinfer.models.gguf_header import read_header
+    api = llama_devices._registry()
+    cpu = api.by_type(0)
+    listed = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(
+        api.reg_proc(api.reg(cpu), b"ggml_backend_dev_get_extra_bufts"))(cpu)
+    bufts = {}
+    while listed[len(bufts)]:
+        bufts[llama_devices._text(api.buft_name(listed[len(bufts)]))] = listed[len(bufts)]
+    if "CPU_REPACK" not in bufts:
+        raise SystemExit("error: this llama.cpp build has no CPU_REPACK buffer type")
+    names = [t.name for t in read_header(path).tensors
+             if t.type_name in REPACKED_TYPES and len(t.shape) == 2 and t.name != "token_embd.weight"]
+    patterns = [("^" + n.replace(".", "\\.") + "$").encode() for n in names]
+    overrides = (_Override * (len(names) + 1))(*[(p, bufts["CPU_REPACK"]) for p in patterns])
+    default = llama_cpp.llama_model_default_params
+
+    def with_overrides():
+        params = default()
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        return params
+    llama_cpp.llama_model_default_params = with_overrides
+    try:
+        yield
+    finally:
+        llama_cpp.llama_model_default_params = default
 
 
 def teacher_forced(session, tokens: list[int]) -> np.ndarray:
@@ -74,8 +124,13 @@ def against(exact: np.ndarray, ours: np.ndarray) -> dict:
     """Top-1 agreement and KL(float64 || ours), reduced PIECE rows at a time."""
     divergence = np.concatenate([kl(exact[i:i + PIECE], ours[i:i + PIECE])
                                  for i in range(0, len(exact), PIECE)])
+    order = np.argsort(exact, axis=-1)[:, ::-1][:, :5]
+    rows = np.arange(len(exact))[:, None]
+    err = (ours[rows, order[:, :1]] - ours[rows, order[:, 1:]]) - \
+        (exact[rows, order[:, :1]] - exact[rows, order[:, 1:]])
     return {"top1": float((exact.argmax(-1) == ours.argmax(-1)).mean()),
-            "mean_kl": float(divergence.mean()), "max_kl": float(divergence.max())}
+            "mean_kl": float(divergence.mean()), "max_kl": float(divergence.max()),
+            "pair_p999": float(np.quantile(np.abs(err), 0.999))}
 
 
 def agreement(path: Path, n_tokens: int) -> dict[str, dict]:
@@ -137,14 +192,15 @@ def table(results: list[dict], args) -> str:
     lines = [f"{datetime.date.today()}, {cpu_model()}, CPU provider: `{command}` (float64 "
              f"reference on {args.tokens} tokens; eval --ctx {args.ctx}, {chunks} chunks)",
              "",
-             "| model | engine | top-1 vs float64 | mean KL | max KL | eval perplexity | vs llama.cpp |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | engine | top-1 vs float64 | mean KL | max KL | top-2..5 error p99.9 | "
+             "eval perplexity | vs llama.cpp |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         for engine, f in r["engines"].items():
             ppl = f"{f['ppl']:.4f}" if "ppl" in f else "-"
             rel = f"{r['ppl_rel']:+.2%}" if engine == "onnx a4" else "-"
             lines.append(f"| {r['model']} | {engine} | {f['top1']:.2%} | {f['mean_kl']:.2e} | "
-                         f"{f['max_kl']:.2e} | {ppl} | {rel} |")
+                         f"{f['max_kl']:.2e} | {f['pair_p999']:.3f} | {ppl} | {rel} |")
     return "\n".join(lines)
 
 

@@ -115,3 +115,43 @@ def kl(reference: np.ndarray, model: np.ndarray) -> np.ndarray:
     """KL(reference || model) per position."""
     p, q = log_softmax(reference), log_softmax(model)
     return (np.exp(p) * (p - q)).sum(axis=-1)
+
+
+# -- an arbiter for engines that round differently ---------------------------------------------------
+# Where two engines' greedy sequences part, each ranked its own token a or b first: with Δ the exact
+# l_a - l_b and e each engine's error on it, Δ + e_1 >= 0 >= Δ + e_2, so |Δ| <= max(|e_1|, |e_2|).
+# On x86-64 llama.cpp rounds every matmul's activations to 8 bits per block (Q8_0 per 32 values,
+# Q8_K per 256) on each of its kernel paths: the AVX2/AVX-512 dot products and the repacked 8x8
+# kernels an AVX2/AVX-512 CPU without AMX (an AMD EPYC) loads Q4_0/Q4_K/IQ4_NL weights into; the
+# ONNX fast mode (MatMulNBits accuracy 4) rounds them to int8 too; MLX (and the float64 forward)
+# round nothing. The size of an engine's error is set by that rounding, not by the kernel: against
+# this float64 forward over 256 teacher-forced tokens, the error on the difference of the top logit
+# and each of the next four reaches 1.09 for llama.cpp at one pair in a thousand (p99.9; the
+# same on both kernel paths, Gemma 3; 0.58 on SmolLM2), 0.76-0.83 for ONNX, under 0.05 for MLX.
+# The two llama.cpp paths differ from each other by about sqrt(2) times their error: one size,
+# independent values, so which prompt parts where changes with the CPU while the bound does not.
+PARTING_TOLERANCE = 1.1
+
+
+def exact_gap(model: Float64Model, tokens: list[int], a: int, b: int) -> float:
+    """|l_a - l_b| of the exact model after `tokens`: where two engines took a and b."""
+    logits = model.logits(tokens)[-1]
+    return abs(float(logits[a] - logits[b]))
+
+
+def token_nlls(session, tokens: list[int], n_ctx: int, chunks: int, piece: int = 64) -> np.ndarray:
+    """Each scored token's negative log-likelihood as `eval` scores it (chunks of n_ctx from a BOS,
+    the second half of each scored), in pieces of `piece` rows so a 262k vocabulary stays small."""
+    out = []
+    for i in range(chunks):
+        chunk = list(tokens[i * n_ctx:(i + 1) * n_ctx])
+        chunk[0] = session.bos_token
+        session.reset()
+        for start in range(0, n_ctx, piece):
+            logits = session.eval(chunk[start:start + piece], logits="all")
+            lo, hi = max(n_ctx // 2, start) - start, min(n_ctx - 1, start + piece) - start
+            if lo < hi:
+                targets = np.asarray(chunk[start + lo + 1:start + hi + 1])
+                log_p = log_softmax(logits[lo:hi])
+                out.append(-log_p[np.arange(len(targets)), targets])
+    return np.concatenate(out)

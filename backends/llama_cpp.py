@@ -200,8 +200,7 @@ class LlamaCppSession(GGUFVocabulary):
         # Tokens a sliding-window layer attends to; 0 = none. The prompt cache restores such a
         # model's states only whole, never trimmed (the saved state lacks cells out of the window).
         self.sliding_window = lib.llama_model_n_swa(self._model)
-        self.n_past = 0
-        self._trim_floor = 0
+        self._n_past, self._unsure, self._trim_floor = 0, False, 0    # see n_past and restore
         self._batch = self._new_batch(self.n_batch)
         self._logits_type = ctypes.c_float * self.n_vocab
         self._row0_view: np.ndarray | None = None    # see _last_logits
@@ -245,6 +244,14 @@ class LlamaCppSession(GGUFVocabulary):
         return batch
 
     # -- evaluation ------------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        """Tokens in the KV cache; asked of llama.cpp after a change that did not count its cells
+        (Ctrl-C during llama_decode raises as the call returns: the cells written, not counted)."""
+        if self._unsure:
+            self._n_past, self._unsure = engine().llama_memory_seq_pos_max(self._mem, 0) + 1, False
+        return self._n_past
+
     def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextOverflow(
@@ -275,10 +282,11 @@ class LlamaCppSession(GGUFVocabulary):
         if want_all and n > 1:
             self._row0_view = None       # more output rows than before may move the output buffer
         batch.n_tokens = n
+        self._unsure = True
         rc = engine().llama_decode(self._ctx, batch)
-        if rc != 0:
+        if rc != 0:     # left unsure: a failed decode may have kept some of its cells
             raise LocalinferError(f"llama_decode failed with code {rc} at position {pos}")
-        self.n_past += n
+        self._n_past, self._unsure = pos + n, False
 
     def _last_logits(self) -> np.ndarray:
         """Logits of a decode that output one row, as a view into llama.cpp's output buffer.
@@ -305,15 +313,16 @@ class LlamaCppSession(GGUFVocabulary):
             return True
         if n_keep < self._trim_floor:   # cells it would need were not in the restored state
             return False
+        self._unsure = True             # see n_past
         if not engine().llama_memory_seq_rm(self._mem, 0, n_keep, -1):
             return False
-        self.n_past = n_keep
+        self._n_past, self._unsure = n_keep, False
         return True
 
     def reset(self) -> None:
+        self._unsure = True
         engine().llama_memory_clear(self._mem, True)
-        self.n_past = 0
-        self._trim_floor = 0
+        self._n_past, self._trim_floor, self._unsure = 0, 0, False
 
     def state(self) -> bytes:
         # For a sliding-window model (Gemma 3) this leaves out the cells already outside the window:
@@ -339,11 +348,12 @@ class LlamaCppSession(GGUFVocabulary):
         lib = engine()
         self.reset()
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        rigid = self.sliding_window and n_past > self.sliding_window    # floor before the cells land
+        self._trim_floor, self._unsure = (n_past - 1 if rigid else 0), True
         if lib.llama_state_seq_set_data(self._ctx, buf, len(blob), 0) != len(blob):
             self.reset()
             raise LocalinferError("could not restore the KV-cache state")
-        self.n_past = n_past
-        self._trim_floor = n_past - 1 if self.sliding_window and n_past > self.sliding_window else 0
+        self._n_past, self._unsure = n_past, False
 
     def close(self) -> None:
         lib = engine()

@@ -50,6 +50,9 @@ class KVCache:
                 f"the prompt is {n} tokens but the context holds {self.session.n_ctx}; "
                 "raise --ctx or shorten the prompt")
         limit = batching.restore_limit(n, self._window)
+        # Never claim more than the session holds: an interrupt can land after a cut of the session
+        # and before the same cut of `tokens` (the reverse, fewer tokens than cells, trim repairs).
+        del self.tokens[self.session.n_past:]
         # Always evaluate at least the last prompt token: its logits give the first new token.
         reuse = min(common_prefix(self.tokens, prompt), n - 1)
         if self.store is not None:
@@ -71,9 +74,9 @@ class KVCache:
         return logits
 
     def clear(self) -> None:
-        self.session.reset()
         self.tokens.clear()
         self._canonical = 0
+        self.session.reset()
 
     def persist(self) -> int:
         """Save the last prefill's states to the prompt cache; returns the longest entry saved in
@@ -118,12 +121,12 @@ class KVCache:
         if state is None:
             self.last_event = CacheEvent(False, note="corrupt entry dropped")
             return reuse
+        self.tokens.clear()        # the session's cells change now, even if an interrupt cuts in
+        self._canonical = 0
         try:
             self.session.restore(state, len(head.tokens))
         except LocalinferError:    # the engine refused it: never trust that entry again
             store.drop(head)
-            self.tokens.clear()
-            self._canonical = 0
             self.last_event = CacheEvent(False, note="entry rejected by the engine, dropped")
             return 0
         self.tokens = list(head.tokens)

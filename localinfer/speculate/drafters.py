@@ -134,10 +134,12 @@ class DraftModel:
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         # Keep at least the last token to evaluate: its logits start the draft.
         keep = min(common_prefix(self.cache.tokens, context), len(context) - 1)
+        # tokens first: an interrupt between the cuts leaves them claiming no cell the session lacks
+        del self.cache.tokens[keep:]
         if not self.session.trim(keep):
+            self.cache.tokens.clear()
             self.session.reset()
             keep = 0
-        del self.cache.tokens[keep:]
         return self._eval(context[keep:])
 
     def _eval(self, tokens: Sequence[int]) -> np.ndarray:

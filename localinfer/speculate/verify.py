@@ -260,7 +260,8 @@ def extend(cache: KVCache, tokens: Sequence[int]) -> np.ndarray:
 
 
 def rollback(cache: KVCache, n_keep: int) -> None:
-    """Forget KV entries past n_keep (rejected guesses), in the engine and in cache.tokens."""
+    """Forget KV entries past n_keep (rejected guesses), in cache.tokens and in the engine: in that
+    order, so an interrupt between the two leaves cache.tokens claiming no cell the engine lacks."""
+    del cache.tokens[n_keep:]
     if not cache.session.trim(n_keep):
         raise LocalinferError("this backend cannot trim its KV cache; use --draft none")
-    del cache.tokens[n_keep:]

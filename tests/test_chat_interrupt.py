@@ -311,6 +311,11 @@ def test_ctrl_c_during_answers_keeps_the_chat_going(smollm_path, tmp_path):
             term.proc.kill()
     output = term.text()
     assert "localinfer: error" not in output and "Traceback" not in output, output
+    # The lines typed are kept for the next chat, in a file only its owner reads.
+    history = tmp_path / "home" / "data" / "chat_history"
+    assert history.read_text().splitlines()[-2:] == [
+        "What is the capital of France? Answer in one word.", "/exit"]
+    assert history.stat().st_mode & 0o077 == 0
     turns = _turns(output)
     # A Ctrl-C as the line is sent may come before the line is read: then there is no turn.
     assert len(turns) >= 6 and turns[-1][2] in ("stop", "length"), output

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from localinfer import settings
@@ -25,7 +26,11 @@ from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, rep
 from localinfer.engine.sampling import Sampler, SamplingParams, make_sampler
 from localinfer.engine.structured import OutputFormat, incomplete
 from localinfer.errors import ContextOverflow
+from localinfer.models import safe_files
 
+# A history is for recalling recent lines, not an archive: this many, from at most this many bytes.
+HISTORY_ENTRIES = 1000
+HISTORY_BYTES = 1 << 20
 HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the system message)"
 # The model loaded again with a context for this many tokens, or None when it cannot grow.
 Grow = Callable[[LoadedModel, int], "LoadedModel | None"]
@@ -110,6 +115,14 @@ def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, lim
             messages.pop()      # the chat goes on; the user can /clear or ask something shorter
             console.error(f"{e}; /clear starts a new conversation")
             continue
+        except KeyboardInterrupt:   # Ctrl-C before the reply began: as if it was never asked
+            sys.stderr.write("\n")
+            messages.pop()
+            continue
+        if finish == "interrupted" and not reply:
+            messages.pop()      # nothing came: no empty answer in the conversation
+            continue
+        # An interrupted reply stays as far as it went (as Ollama keeps it): the model sees it.
         messages.append({"role": "assistant", "content": reply})
     _save_history(history_file)
 
@@ -183,17 +196,23 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
             sys.stdout.flush()
     except KeyboardInterrupt:
         generation.stats.finish_reason = "interrupted"   # Ctrl-C ends the reply, not the chat
-    sys.stdout.write("\n")
-    prompt_cache.persist(cache, notify=console.note if verbose else None)
-    if verbose:
-        from localinfer.cli.shell import format_stats
-        console.note(format_stats(generation.stats, loaded))
-        if cache.store is not None:
-            console.note(prompt_cache.describe(cache.last_event))
-    return "".join(pieces).strip(), generation.stats.finish_reason
+    reply = "".join(pieces).strip(), generation.stats.finish_reason
+    try:
+        sys.stdout.write("\n")
+        prompt_cache.persist(cache, notify=console.note if verbose else None)
+        if verbose:
+            from localinfer.cli.shell import format_stats
+            console.note(format_stats(generation.stats, loaded))
+            if cache.store is not None:
+                console.note(prompt_cache.describe(cache.last_event))
+    except KeyboardInterrupt:   # a second Ctrl-C skips the cache write (atomic) and the figures
+        sys.stderr.write("\n")
+    return reply
 
 
-def _setup_readline():
+def _setup_readline() -> Path | None:
+    """Line editing, and the history of earlier chats: read as the store reads its files (never
+    through a link, never a pipe, at most HISTORY_BYTES); None when there is none to keep."""
     try:
         import readline
     except ImportError:   # Windows without pyreadline: plain input() still works
@@ -201,19 +220,38 @@ def _setup_readline():
     path = settings.load().chat_history
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            readline.read_history_file(path)
+        lines = safe_files.read_last_lines(path, max_bytes=HISTORY_BYTES)
+    except safe_files.NotAFile as e:
+        console.warn(f"{e}; chat history is neither read nor kept")
+        return None
     except OSError:
         return None
-    readline.set_history_length(1000)
+    for line in lines[-HISTORY_ENTRIES:]:
+        # Not libedit's header, when it wrote the file, nor a NUL, which readline cannot hold.
+        if line and line != "_HiStOrY_V2_" and "\0" not in line:
+            readline.add_history(line)
     return path
 
 
-def _save_history(path) -> None:
+def _save_history(path: Path | None) -> None:
+    """The newest entries, written beside the file and renamed over it: a link or anything else
+    that took the file's place is left as it is, and so is what a link points to."""
     if path is None:
         return
     import readline
+    n = readline.get_current_history_length()
+    first = max(1, n - HISTORY_ENTRIES + 1)
+    entries = [readline.get_history_item(i) or "" for i in range(first, n + 1)]
+    kept, size = [], 0
+    for entry in reversed(entries):          # newest first, until the byte bound
+        size += len(entry.encode("utf-8", "replace")) + 1
+        if size > HISTORY_BYTES:
+            break
+        kept.append(entry)
+    data = "".join(f"{entry}\n" for entry in reversed(kept) if entry)
     try:
-        readline.write_history_file(path)
+        safe_files.replace(path, data.encode("utf-8", "replace"))
+    except safe_files.NotAFile as e:
+        console.warn(f"{e}; the chat history was not saved")
     except OSError:
         pass

@@ -28,10 +28,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def _start(*args: str, env: dict | None = None, ctx: str = "512") -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "smollm2", "--offline",
-                             "--port", str(port), "--ctx", "512", *args],
+                             "--port", str(port), "--ctx", ctx, *args],
                             env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), **(env or {})},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -71,8 +71,10 @@ def _post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict
         return e.code, json.loads(e.read())
 
 
-def test_models_lists_the_served_model(client):
+def test_models_lists_the_served_model_and_the_context_a_request_may_use(client):
     assert [m.id for m in client.models.list()] == [MODEL]
+    # --ctx 512 is the pool the two slots share; one request may fill it all
+    assert client.models.list().data[0].model_extra["context_length"] == 512
 
 
 def test_a_whole_chat_completion_is_greedy_and_counted(client, models_home):
@@ -256,3 +258,69 @@ def test_a_body_over_the_size_limit_is_refused_before_it_is_read(server):
     conn.endheaders(b'{"model": ')            # the rest never comes: the header says enough
     reply = conn.getresponse()
     assert reply.status == 400 and "over 4 MB" in json.loads(reply.read())["error"]["message"]
+
+
+def _counting(n: int) -> str:
+    return ", ".join(str(i) for i in range(1, n)) + ","
+
+
+def test_two_long_requests_share_the_pool_without_overfilling_it(client):
+    """--ctx 512 for both slots: with max_tokens each waits for its room and gets all of it;
+    without, both run until the pool is full, and neither fails."""
+    def ask(results, **extra):
+        results.append(client.completions.create(model=MODEL, prompt=_counting(40),
+                                                 temperature=0, **extra))
+    for extra in ({"max_tokens": 150}, {}):
+        results: list = []
+        threads = [threading.Thread(target=ask, args=(results,), kwargs=extra) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert len(results) == 2, extra
+        for r in results:
+            assert r.choices[0].finish_reason == "length" and r.choices[0].text
+            assert r.usage.prompt_tokens + r.usage.completion_tokens <= 513
+            if extra:
+                assert r.usage.completion_tokens == 150
+
+
+@pytest.fixture(scope="module")
+def whole_context(models_home):
+    """A server with --ctx 0: SmolLM2's trained 8,192 tokens, one request able to use them."""
+    proc, url = _start("--parallel", "2", ctx="0")
+    yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+
+def test_ctx_0_sizes_the_pool_to_the_trained_context(whole_context):
+    assert whole_context.models.list().data[0].model_extra["context_length"] == 8192
+
+
+def test_a_conversation_longer_than_4096_tokens_is_answered(whole_context):
+    turn = "Tell me more about the long history of the old city by the river. " * 12
+    messages = []
+    for i in range(25):
+        messages += [{"role": "user", "content": f"{i}: {turn}"},
+                     {"role": "assistant", "content": f"Here is part {i} of the story."}]
+    messages.append({"role": "user", "content": "Sum it up in one line."})
+    reply = whole_context.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                                  max_tokens=8)
+    assert 4_900 < reply.usage.prompt_tokens < 5_400, reply.usage      # 22 turns: 4,527
+    assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.content
+
+
+def test_a_3984_token_prompt_gets_its_200_tokens(whole_context, smollm_path):
+    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.engine.prompt import raw_tokens
+    vocab = LlamaVocab(smollm_path)
+    try:
+        n = next(n for n in range(700, 2000, 5) if len(raw_tokens(vocab, _counting(n))) >= 3_984)
+    finally:
+        vocab.close()
+    done = whole_context.completions.create(model=MODEL, prompt=_counting(n), temperature=0,
+                                            max_tokens=200)
+    # With 4,096 tokens a request, it stopped after 113: the context, not max_tokens, ended it.
+    assert 3_984 <= done.usage.prompt_tokens < 4_000
+    assert done.usage.completion_tokens == 200 and done.choices[0].finish_reason == "length"

@@ -7,6 +7,19 @@ request has its own sampler, stop strings and limits (the `Emitter` of plain dec
 streams and counts the same way). Prompts that start with the shared prefix (a template's fixed
 beginning) get its cells from the prefix's own sequence instead of evaluating it again.
 
+The pool of cells is shared (llama.cpp's unified KV cache). By default each request may fill its
+share of it (`map`: --ctx is each prompt's); a server passes `request_ctx` so that one request may
+fill the whole pool. Then admission keeps the pool from overfilling: a request with max_tokens is
+admitted once the pool holds its prompt and that many tokens besides what the running requests hold
+or were promised, so others never cut it short; one without max_tokens takes what is free, and when
+the pool runs out the most recently admitted of those ends with finish_reason "context" (the end of
+its context, as in `run`). A free slot's kept cells are only a cache: they go first.
+
+A request whose own sampling fails (a grammar that allows no token, any error while choosing or
+emitting its token) ends alone with `error` set; the others go on. A failed llama_decode ends the
+requests of that step and empties the pool; only when the engine fails ENGINE_FAILURES steps in a
+row does `run` raise (the model can no longer run).
+
 Speculation is off here: with several sequences in one batch the verify step would pay a draft
 batch for each of them, and the batch is already what keeps the hardware busy.
 """
@@ -21,8 +34,10 @@ from localinfer.backends.llama_batched import Piece, SequenceBatch
 from localinfer.engine.batching import GRAIN
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.sampling import Sampler
+from localinfer.errors import LocalinferError
 
 PREFILL_CHUNK = 256          # prompt tokens one request may add to a step
+ENGINE_FAILURES = 3          # llama_decode failures in a row that mean the engine cannot go on
 
 
 @dataclass
@@ -62,24 +77,34 @@ class _Running:
     pos: int                  # next position to fill
     pending: list[int]        # prompt tokens not evaluated yet
     emit: Emitter
-    shared: int               # prompt tokens the prefix's sequence gave it
+    shared: int               # prompt tokens it did not evaluate (prefix, kept cells, cache)
+    reserved: int = 0         # positions promised at admission (its prompt and max_tokens)
+    from_prefix: int = 0      # of its positions, cells that are the prefix sequence's own
+
+    def claim(self) -> int:
+        """Cells of the pool it holds or was promised, not counting the prefix's shared ones."""
+        return max(self.pos + len(self.pending), self.reserved) - self.from_prefix
 
 
 class Scheduler:
     """Runs jobs on a SequenceBatch of `parallel` request sequences (plus one for the prefix)."""
 
     def __init__(self, batch: SequenceBatch, *, prefix: Sequence[int] = (),
-                 prefill_chunk: int = PREFILL_CHUNK, store=None) -> None:
+                 prefill_chunk: int = PREFILL_CHUNK, store=None,
+                 request_ctx: int | None = None) -> None:
         # store: the persistent prompt cache (cache.prompt_cache.PromptCache), read-only here
         self.batch, self.prefill_chunk, self.store = batch, prefill_chunk, store
         self.parallel = batch.n_seq - 1
         self.prefix: list[int] = []
         self._prefix_seq = self.parallel
-        self._kept: dict[int, list[int]] = {}           # free slot -> the tokens its cells hold
+        # free slot -> the tokens its cells hold, and how many of those cells are the prefix's
+        self._kept: dict[int, tuple[list[int], int]] = {}
+        # The positions one request may fill: its share of the pool, or what the caller allows
+        self.seq_ctx = min(request_ctx or batch.n_ctx // self.parallel, batch.n_ctx)
+        self._failures = 0              # llama_decode failures in a row
         batch.clear()                   # it starts from an empty pool: nothing it cannot account for
         if len(prefix) > 1:             # no longer than a request may be: it is part of each
-            self._eval_prefix(list(prefix)[:batch.n_ctx // self.parallel - 1])
-        self.seq_ctx = batch.n_ctx // self.parallel     # each request's share of the pool
+            self._eval_prefix(list(prefix)[:self.seq_ctx - 1])
 
     def _eval_prefix(self, prefix: list[int]) -> None:
         for start in range(0, len(prefix), self.batch.n_batch):
@@ -105,19 +130,87 @@ class Scheduler:
                     waiting.extend(came)
             for seq in [s for s, r in running.items() if r.job.cancelled]:
                 self._finish(running, free, seq, "cancelled", on_done)
-            while free and waiting:
-                job = waiting.popleft()
-                if job.cancelled or self._refused(job):
-                    job.stats.finish_reason = "cancelled" if job.cancelled else ""
-                    on_done(job)
-                    continue
-                seq = self._slot_for(job.prompt, free)
-                free.remove(seq)
-                running[seq] = self._start(job, seq)
+            self._admit(waiting, running, free, on_done)
             if not running:
                 continue
-            for seq in self._step(list(running.values())):
-                self._finish(running, free, seq, None, on_done)
+            while (seq := self._out_of_room(running)) is not None:
+                self._end_early(running[seq])
+                self._finish(running, free, seq, "context", on_done)
+            for seq, reason in self._step_or_fail(list(running.values())):
+                self._finish(running, free, seq, reason, on_done)
+
+    def _admit(self, waiting: deque, running: dict, free: list[int],
+               on_done: Callable[[Job], None]) -> None:
+        """Start waiting jobs, in order, while a slot is free and the pool has their room."""
+        while free and waiting:
+            job = waiting[0]
+            if job.cancelled or self._refused(job):
+                waiting.popleft()
+                job.stats.finish_reason = "cancelled" if job.cancelled else ""
+                on_done(job)
+                continue
+            seq = self._slot_for(job.prompt, free)
+            # Its cells: the prefix's are shared, unless the prompt cache restores its own.
+            shared = 0 if self.store else _common(job.prompt, self.prefix, len(job.prompt) - 1)
+            need = self._reserve(job) - shared
+            # With nothing running it always starts: _refused made sure it fits an empty pool.
+            if not self._room_for(need, running, keep=seq) and running:
+                return          # it waits: a request that ends gives its cells back
+            waiting.popleft()
+            free.remove(seq)
+            running[seq] = self._start(job, seq)
+
+    def _reserve(self, job: Job) -> int:
+        """The positions admission promises a job: its prompt and max_tokens (else one token)."""
+        most = job.limits.max_tokens
+        return min(len(job.prompt) + (most if most > 0 else 1), self._room(job.prompt))
+
+    def _free_cells(self, running: dict, keep: int | None = None) -> int:
+        held = len(self.prefix) + sum(r.claim() for r in running.values())
+        kept = sum(len(t) - n for s, (t, n) in self._kept.items() if s != keep)
+        return self.batch.n_ctx - held - kept
+
+    def _room_for(self, cells: int, running: dict, keep: int | None = None) -> bool:
+        """Whether the pool has `cells` free, once free slots' kept cells (oldest first, all
+        but `keep`'s) are dropped as need be."""
+        for seq in [s for s in self._kept if s != keep]:
+            if self._free_cells(running, keep) >= cells:
+                break
+            del self._kept[seq]
+            self.batch.forget(seq)
+        return self._free_cells(running, keep) >= cells
+
+    def _out_of_room(self, running: dict) -> int | None:
+        """The request to end before the next step because the pool has no cell for every next
+        token: of those growing past what they were promised, the most recently admitted."""
+        growing = [s for s, r in running.items() if not r.pending and r.pos >= r.reserved]
+        return None if not growing or self._room_for(len(growing), running) else growing[-1]
+
+    def _end_early(self, r: _Running) -> None:
+        tail = r.emit.tail()
+        if tail:
+            r.job.text += tail
+            if r.job.on_text:
+                r.job.on_text(tail)
+
+    def _step_or_fail(self, running: list[_Running]) -> list[tuple[int, str | None]]:
+        """One step; a failed llama_decode ends this step's requests with the engine's error and
+        empties the pool (its cells are not known after a failure), the prefix evaluated again."""
+        try:
+            finished = self._step(running)
+        except LocalinferError as e:
+            self._failures += 1
+            if self._failures >= ENGINE_FAILURES:
+                raise
+            for r in running:
+                r.job.error = f"the model failed: {e}"
+            self.batch.clear()
+            self._kept.clear()
+            if self.prefix:
+                self._eval_prefix(self.prefix)
+            return [(r.seq, "error") for r in running]
+        self._failures = 0
+        return finished
 
     def _finish(self, running: dict, free: list[int], seq: int, reason: str | None,
                 on_done: Callable[[Job], None]) -> None:
@@ -125,8 +218,11 @@ class Scheduler:
         done = running.pop(seq)
         # Its cells stay until the slot is taken again: a request that starts the same way (a
         # system prompt, a conversation's next turn) continues from them, as llama-server's slots do.
-        self._kept[seq] = (done.job.prompt + done.job.tokens)[:done.pos]
+        self._kept[seq] = (done.job.prompt + done.job.tokens)[:done.pos], done.from_prefix
         free.append(seq)
+        if reason == "error":       # its cells may hold what it failed on: not kept
+            self._kept.pop(seq, None)
+            self.batch.forget(seq)
         if reason:
             done.job.stats.finish_reason = reason
         on_done(done.job)
@@ -136,8 +232,8 @@ class Scheduler:
             job.error = "the prompt is empty"
         elif len(job.prompt) >= self._room(job.prompt):
             job.error = (f"the prompt is {len(job.prompt):,} tokens, more than the "
-                         f"{self._room(job.prompt):,} each request has (raise --ctx or lower "
-                         "--parallel)")
+                         f"{self._room(job.prompt):,} each request has (raise --ctx"
+                         + (" or lower --parallel)" if self.seq_ctx < self.batch.n_ctx else ")"))
         return job.error is not None
 
     def _room(self, prompt: list[int]) -> int:
@@ -147,28 +243,31 @@ class Scheduler:
 
     def _slot_for(self, prompt: list[int], free: list[int]) -> int:
         """The free slot whose kept cells share the most with the prompt (else the last freed)."""
-        return max(reversed(free), key=lambda s: _common(prompt, self._kept.get(s, ()),
+        return max(reversed(free), key=lambda s: _common(prompt, self._kept.get(s, ((), 0))[0],
                                                          len(prompt) - 1))
 
     def _start(self, job: Job, seq: int) -> _Running:
         most = len(job.prompt) - 1
-        kept = _common(job.prompt, self._kept.pop(seq, []), most)
+        kept_tokens, kept_from_prefix = self._kept.pop(seq, ([], 0))
+        kept = _common(job.prompt, kept_tokens, most)
         shared = _common(job.prompt, self.prefix, most)
         restored = self._restore(job.prompt, seq, better_than=max(kept, shared))
         if restored > 0:
-            shared = restored
+            shared, from_prefix = restored, 0
         elif kept >= shared and kept and restored == 0:
             self.batch.trim(seq, kept)
-            shared = kept
+            shared, from_prefix = kept, min(kept, kept_from_prefix)
         else:
             self.batch.forget(seq)
             if shared:
                 self.batch.share(self._prefix_seq, seq, shared)
+            from_prefix = shared
         job.stats = Stats(prompt_tokens=len(job.prompt))
         emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt, job.limits,
                        job.stats)
         job.tokens = emit.tokens
-        return _Running(job, seq, shared, job.prompt[shared:], emit, shared)
+        return _Running(job, seq, shared, job.prompt[shared:], emit, shared,
+                        self._reserve(job), from_prefix)
 
     def _restore(self, prompt: list[int], seq: int, *, better_than: int) -> int:
         """The prompt's longest prefix in the persistent prompt cache, loaded into `seq` as `run`
@@ -191,8 +290,9 @@ class Scheduler:
             return -1
         return usable
 
-    def _step(self, running: list[_Running]) -> list[int]:
-        """One llama_decode for every running request; the sequences that finished."""
+    def _step(self, running: list[_Running]) -> list[tuple[int, str | None]]:
+        """One llama_decode for every running request; the sequences that finished (with the
+        reason to record: None when the emitter set it, "error" when the job failed alone)."""
         pieces, owners = [], []
         decoding = [r for r in running if not r.pending]
         room = self.batch.n_batch - len(decoding)
@@ -213,8 +313,13 @@ class Scheduler:
                 continue
             if not r.emit.tokens:
                 r.emit.prefilled(r.shared)
-            if self._take(r, r.job.sampler(logits, r.emit.history)):
-                finished.append(r.seq)
+            try:
+                if self._take(r, r.job.sampler(logits, r.emit.history)):
+                    finished.append((r.seq, None))
+            except Exception as e:      # its own sampler, grammar or text: it alone fails
+                r.job.error = str(e) if isinstance(e, LocalinferError) else \
+                    f"internal error: {type(e).__name__}: {e}"
+                finished.append((r.seq, "error"))
         return finished
 
     def _take(self, r: _Running, token: int) -> bool:

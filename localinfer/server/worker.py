@@ -1,4 +1,8 @@
-"""The scheduler in a thread of its own, fed by a bounded queue of jobs from the HTTP handlers."""
+"""The scheduler in a thread of its own, fed by a bounded queue of jobs from the HTTP handlers.
+
+A request that fails ends alone (the scheduler records its error and goes on); `error` is set only
+when the scheduler itself stops, i.e. the model can no longer run at all.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +18,13 @@ _STOP = object()
 
 class Worker:
     """Runs every submitted job on the model; `submit` refuses a job when `capacity` (the slots
-    and the waiting room) are all taken by jobs not yet done."""
+    and the waiting room) are all taken by jobs not yet done. `request_ctx`: the positions one
+    request may fill (the whole pool, by default)."""
 
-    def __init__(self, batch: SequenceBatch, capacity: int, store=None) -> None:
+    def __init__(self, batch: SequenceBatch, capacity: int, store=None,
+                 request_ctx: int | None = None) -> None:
         self.batch, self.capacity, self.store = batch, capacity, store     # store: prompt cache
+        self.request_ctx = request_ctx or batch.n_ctx
         self._queue: queue.Queue = queue.Queue()
         self._callbacks: dict[int, tuple[Job, Callable[[Job], None]]] = {}
         self._stopping = False
@@ -29,7 +36,9 @@ class Worker:
     def submit(self, job: Job, on_done: Callable[[Job], None]) -> bool:
         """Queue a job (on_done(job) is called from the scheduler's thread); False when full."""
         with self._lock:
-            if len(self._callbacks) >= self.capacity:
+            # A cancelled job (its client gone) no longer takes room: the scheduler frees it
+            # before its next step, and this one waits behind it for that step at most.
+            if sum(not j.cancelled for j, _ in self._callbacks.values()) >= self.capacity:
                 return False
             self._callbacks[id(job)] = job, on_done
         self._queue.put(job)
@@ -42,8 +51,9 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            Scheduler(self.batch, store=self.store).run([], self._done, self._arrivals)
-        except BaseException as e:        # the engine failed: later requests get a 500
+            Scheduler(self.batch, store=self.store, request_ctx=self.request_ctx).run(
+                [], self._done, self._arrivals)
+        except BaseException as e:        # the engine cannot go on: later requests get a 500
             self.error = e
             with self._lock:
                 pending, self._callbacks = list(self._callbacks.values()), {}

@@ -1,0 +1,282 @@
+"""A request body, checked before any of it reaches the model, and the job it asks for.
+
+Whatever a client sends is a 400 in OpenAI's error shape unless it is a request we can answer: a
+JSON object of bounded size and nesting with no lone UTF-16 surrogate in it (Python's json decodes
+`"\\ud800"` into a string no encoder takes), the fields people use with the types and ranges OpenAI
+documents (numbers compared exactly: a 400-digit integer is out of range, not an OverflowError),
+n = 1, a bounded number of messages and a prompt that fits what a request may use. The parse and
+the job's making (template, tokens, a schema's grammar) run in a worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+
+from localinfer.engine.constrain import ConstrainedSampler
+from localinfer.engine.decode import Limits
+from localinfer.engine.prompt import chat_tokens, raw_tokens, uses_chat_template
+from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.engine.scheduler import Job
+from localinfer.engine.structured import from_schema
+from localinfer.errors import LocalinferError, ModelLoadError
+
+MAX_BODY = 4 << 20            # bytes of one request body
+BODY_SECONDS = 30.0           # to send the whole body once the headers are in
+MAX_DEPTH = 64                # arrays and objects inside one another (a schema's nesting too)
+MAX_MESSAGES = 4096           # in one chat request: far past any conversation a context holds
+ROLES = ("system", "user", "assistant")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_TEMPLATE_ADVICE = "; use --raw to skip it"    # the CLI's way out; /v1/completions is the API's
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code, self.headers = param, status, code, headers
+
+    def response(self) -> JSONResponse:
+        return error(str(self), self.status, param=self.param, code=self.code,
+                     headers=self.headers)
+
+
+def error(message: str, status: int, *, param=None, code=None, headers=None) -> JSONResponse:
+    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error",
+            500: "server_error"}.get(status, "invalid_request_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": code}}, status_code=status, headers=headers)
+
+
+@dataclass
+class Prepared:
+    job: Job
+    stream: bool
+    constrained: _OwnFailure | None     # the request's grammar: a dead end is its own error
+
+
+class _OwnFailure:
+    """A constrained sampler that remembers its own failure (a grammar that allows no token of
+    the vocabulary): the reply says the request's schema was at fault, not the engine."""
+
+    def __init__(self, sampler: ConstrainedSampler) -> None:
+        self.sampler, self.failed = sampler, None
+
+    def __call__(self, logits, history: Sequence[int]) -> int:
+        try:
+            return self.sampler(logits, history)
+        except LocalinferError as e:
+            self.failed = str(e)
+            raise
+
+
+async def read_body(request: Request, *, seconds: float = BODY_SECONDS) -> bytes:
+    """The body, refused past MAX_BODY (from Content-Length before reading, when it says) or
+    when it does not arrive within `seconds` (408; the connection is closed after it)."""
+    size = request.headers.get("content-length")
+    too_big = BadRequest(f"the request body is over {MAX_BODY >> 20} MB",
+                         headers={"Connection": "close"})
+    if size is not None and (not size.isascii() or not size.isdigit() or int(size) > MAX_BODY):
+        raise too_big
+    chunks, total = [], 0
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > MAX_BODY:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BadRequest(f"the request body did not arrive within {seconds:g} s", status=408,
+                         code="request_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:        # nobody is left to read the reply; nothing went wrong here
+        raise BadRequest("the client left before its body was whole") from None
+    return b"".join(chunks)
+
+
+def parse(raw: bytes) -> dict:
+    """The body as a JSON object, its nesting and text checked (see the module's notes)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise BadRequest(f"the request body nests arrays and objects deeper than {MAX_DEPTH}") \
+            from None
+    except json.JSONDecodeError:
+        raise BadRequest("the request body is not JSON") from None
+    except ValueError:          # UnicodeDecodeError, or an integer past Python's digit limit
+        raise BadRequest("the request body is not JSON in UTF-8 with numbers of sane length") \
+            from None
+    _check_values(body)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _check_values(body) -> None:
+    """No nesting past MAX_DEPTH, no lone surrogate in any string or key; without recursion."""
+    stack = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise BadRequest("the request body holds a lone UTF-16 surrogate (\\ud800 to "
+                                 "\\udfff without its pair), which is not text")
+        elif isinstance(value, (list, dict)):
+            if depth >= MAX_DEPTH:
+                raise BadRequest(f"the request body nests arrays and objects deeper than "
+                                 f"{MAX_DEPTH}")
+            if isinstance(value, dict):
+                stack.extend((key, depth) for key in value)
+                value = value.values()
+            stack.extend((item, depth + 1) for item in value)
+
+
+def prepare(raw: bytes, session, names: tuple[str, ...], request_ctx: int, *,
+            chat: bool) -> Prepared:
+    """The job a body asks for (run in a thread: template, tokens and grammar take time)."""
+    body = parse(raw)
+    check_model(body, names)
+    try:
+        return _prepare(body, session, request_ctx, chat=chat)
+    except ModelLoadError as e:         # the chat template refused or failed on these messages
+        raise BadRequest(f"the chat template cannot render these messages: "
+                         f"{str(e).removesuffix(_TEMPLATE_ADVICE)}", "messages") from None
+    except LocalinferError as e:        # any other check below the API (a UsageError too)
+        raise BadRequest(str(e)) from None
+
+
+def check_model(body: dict, names: tuple[str, ...]) -> None:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise BadRequest("'model' is required and must be a string", "model")
+    if model not in names:
+        raise BadRequest(f"the model '{model[:200]}' does not exist here; this server has "
+                         f"'{names[0]}'", "model", status=404, code="model_not_found")
+
+
+def _prepare(body: dict, session, request_ctx: int, *, chat: bool) -> Prepared:
+    if _number(body, "n", int, 1, 1, 128) != 1:
+        raise BadRequest("only n = 1 is supported", "n")
+    most = body.get("max_completion_tokens", body.get("max_tokens"))
+    limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1, 1, 10**7)
+    params = _sampling(body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false", "stream")
+    stops = _stops(body.get("stop"))
+    schema = _response_schema(body.get("response_format"))
+    tokens = _tokens(body, session, chat=chat)
+    if len(tokens) >= request_ctx:
+        raise BadRequest(f"the prompt is {len(tokens):,} tokens; a request here may use "
+                         f"{request_ctx:,}", "messages" if chat else "prompt",
+                         code="context_length_exceeded")
+    constrained = None if schema is None else _constrained(params, schema, session)
+    sampler = make_sampler(params) if constrained is None else constrained
+    return Prepared(Job(tokens, sampler, Limits(limit, stops)), stream, constrained)
+
+
+def _tokens(body: dict, session, *, chat: bool) -> list[int]:
+    if chat:
+        messages = _messages(body.get("messages"))
+        if not uses_chat_template(session, False):
+            raise BadRequest("this model has no chat template; use /v1/completions", "messages")
+        return chat_tokens(session, messages)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise BadRequest("'prompt' must be a non-empty string", "prompt")
+    return raw_tokens(session, prompt)
+
+
+def _sampling(body: dict) -> SamplingParams:
+    """OpenAI's temperature, top_p and seed. top_p 0 keeps only the most likely token, as
+    llama.cpp's top-p sampler does (it always keeps one), which is greedy decoding."""
+    temperature = _number(body, "temperature", float, 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", float, 1.0, 0.0, 1.0)
+    if top_p == 0:
+        temperature, top_p = 0.0, 1.0
+    return SamplingParams(temperature=temperature, top_p=top_p,
+                          seed=_number(body, "seed", int, None, -1, 2**63 - 1))
+
+
+def _response_schema(response_format) -> dict | None:
+    """The JSON schema an answer must match: OpenAI's {"type": "json_schema", "json_schema":
+    {"schema": ...}}, or {"type": "json_object"} (any object, or llama-server's "schema")."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return response_format.get("schema") or {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise BadRequest("response_format.json_schema needs a 'schema'", "response_format")
+        return spec["schema"]
+    raise BadRequest("response_format.type must be text, json_object or json_schema",
+                     "response_format")
+
+
+def _constrained(params: SamplingParams, schema, session) -> _OwnFailure:
+    """The same check and grammar as `run --json-schema` (llama.cpp's own parse of the
+    converter's grammar is left to the grammar sampler: the check's stderr capture would take
+    the server's own log lines with it)."""
+    try:
+        gbnf = from_schema(schema, "response_format", check_parse=False).gbnf
+        return _OwnFailure(ConstrainedSampler(params, session.grammar(gbnf)))
+    except (LocalinferError, RecursionError) as e:        # a UsageError is one too
+        reason = str(e) if isinstance(e, LocalinferError) else "the schema nests too deeply"
+        raise BadRequest(reason, "response_format") from None
+
+
+def _messages(messages) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"{len(messages):,} messages; a request may hold {MAX_MESSAGES:,}",
+                         "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}] needs a role of {', '.join(ROLES)}", "messages")
+        content = m.get("content")
+        if isinstance(content, list):     # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and
+                       isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"messages[{i}].content: only text parts are supported",
+                                 "messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string", "messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _number(body: dict, key: str, kind, default, low, high):
+    """body[key] within [low, high] (an int for kind int); compared exactly, never converted
+    first: float() of a 400-digit integer overflows."""
+    value = body.get(key, default)
+    if value is None or value is default:
+        return value
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+    if ok and kind is int and isinstance(value, float):
+        ok = value.is_integer()
+    if not ok:
+        raise BadRequest(f"'{key}' must be {'an integer' if kind is int else 'a number'} "
+                         f"from {low} to {high}", key)
+    return kind(value)
+
+
+def _stops(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) for s in stops):
+        raise BadRequest("'stop' must be a string or a list of at most 4 strings", "stop")
+    return tuple(stops)

@@ -27,7 +27,7 @@ from localinfer.backends.llama_cpp import LlamaCppSession, engine
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import SamplingParams, make_sampler
-from localinfer.speculate.drafters import PromptLookup
+from localinfer.speculate.drafters import DraftModel, PromptLookup
 from localinfer.speculate.verify import SpeculativeGeneration
 
 TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the steps as his father "
@@ -151,22 +151,36 @@ def test_a_generation_interrupted_anywhere_lets_the_next_prompt_through(sessions
     _assert_continues_like_a_fresh_session(cache, follow, sessions[1])
 
 
-@pytest.mark.parametrize("name", ["llama_decode", "llama_memory_seq_rm"],
-                         ids=["verify", "rollback"])
+@pytest.mark.parametrize("name, on_call, draft", [
+    ("llama_decode", 2, False), ("llama_memory_seq_rm", 1, False),
+    ("llama_decode", 3, True), ("llama_decode", 4, True)],
+    ids=["verify", "rollback", "draft-catch-up", "draft-step"])
 def test_speculation_interrupted_in_verify_or_rollback_lets_the_next_prompt_through(
-        sessions, session, monkeypatch, name):
+        sessions, session, smollm_path, monkeypatch, name, on_call, draft):
     cache = KVCache(session)
     # Prompt lookup drafts from the code, and most drafts are rejected part way through a
-    # verification batch: rollbacks happen (5 in these 60 tokens).
+    # verification batch: rollbacks happen (5 in these 60 tokens). A draft model (the model
+    # itself, on its own session) decodes and trims between the target's calls.
     prompt = _tokens(session, CODE)
-    generation = SpeculativeGeneration(cache, prompt, GREEDY, Limits(max_tokens=60),
-                                       PromptLookup(), max_draft=6, chunk=4, adaptive=False)
-    _interrupt(monkeypatch, name, on_call=2 if name == "llama_decode" else 1)
-    with pytest.raises(KeyboardInterrupt):
-        for _ in generation:
-            pass
-    follow = prompt + generation.tokens + _tokens(session, " And then?")
-    _assert_continues_like_a_fresh_session(cache, follow, sessions[1])
+    drafter = DraftModel(LlamaCppSession(smollm_path, LoadOptions(n_ctx=1024, n_threads=2))) \
+        if draft else PromptLookup()
+    generation = SpeculativeGeneration(cache, prompt, GREEDY, Limits(max_tokens=60), drafter,
+                                       max_draft=6, chunk=4, adaptive=False)
+    _interrupt(monkeypatch, name, on_call=on_call)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in generation:
+                pass
+        follow = prompt + generation.tokens + _tokens(session, " And then?")
+        _assert_continues_like_a_fresh_session(cache, follow, sessions[1])
+        if draft:    # the draft model follows the next sequence as the target does
+            assert drafter.session.n_past == _cells(drafter.session)
+            assert len(drafter.cache.tokens) <= drafter.session.n_past
+            drafter.prepare(follow)
+            assert drafter.cache.tokens == follow
+            assert drafter.session.n_past == _cells(drafter.session) == len(follow)
+    finally:
+        drafter.close()
 
 
 @dataclass

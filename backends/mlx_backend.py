@@ -90,6 +90,7 @@ class MlxSession:
                 f"the context is full ({self.n_ctx} tokens); raise --ctx or shorten the input")
         if not tokens:
             raise LocalinferError("eval needs at least one token")
+        self._resync()
         mx = _mx()
         hidden = []
         starts = range(0, len(tokens), self.n_batch)
@@ -125,7 +126,22 @@ class MlxSession:
         from mlx_lm.models.cache import KVCache
         return [KVCache() for _ in self._layers]
 
+    def _resync(self) -> None:
+        """Bring the layers' caches back to n_past after an interrupt (Ctrl-C) that landed while
+        a model call moved their offsets layer by layer, before n_past counted the new entries.
+        A layer behind n_past (a restore cut short) cannot be mended: start again from empty,
+        which the engine sees in n_past and re-evaluates."""
+        offsets = {c.offset for c in self._cache}
+        if offsets == {self.n_past}:
+            return
+        if min(offsets) < self.n_past:
+            self.reset()
+            return
+        for c in self._cache:
+            c.trim(c.offset - self.n_past)
+
     def trim(self, n_keep: int) -> bool:
+        self._resync()
         if n_keep >= self.n_past:
             return True
         for c in self._cache:

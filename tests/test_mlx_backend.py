@@ -373,3 +373,32 @@ def test_unsupported_architecture_is_one_clear_line(models_home, tmp_path):
     assert "Traceback" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert "phi3" in line and "llama.cpp" in line
+
+
+def test_an_interrupt_after_the_model_call_leaves_no_stale_cache_entries(smollm_path):
+    """Ctrl-C lands after the layers' caches moved and before n_past counted them: the next eval
+    and trim see the caches brought back to n_past, and give the cold logits."""
+    model = _load(smollm_path, "mlx")
+    s = model.session
+    try:
+        tokens = raw_tokens(s, "The quick brown fox jumps over the lazy dog because")
+        s.eval(tokens[:6])
+        real = s.model.model
+
+        def interrupted(*args, **kwargs):
+            out = real(*args, **kwargs)
+            raise KeyboardInterrupt
+        s.model.model = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            s.eval(tokens[6:9])
+        s.model.model = real
+        assert s.n_past == 6
+        warm = s.eval(tokens[6:]).copy()
+        s.trim(4)
+        assert {c.offset for c in s._cache} == {4} and s.n_past == 4
+        s.reset()
+        cold = s.eval(tokens).copy()
+        assert int(warm.argmax()) == int(cold.argmax())
+        np.testing.assert_allclose(warm, cold, rtol=0, atol=1e-3)
+    finally:
+        s.close()

@@ -255,3 +255,17 @@ def test_serve_counts_a_message_as_text(models_home, smollm):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def test_chat_refuses_one_message_the_template_cannot_keep_and_goes_on(smollm_path, tmp_path,
+                                                                      models_home):
+    """The refusal ends that message alone: the next one is answered and chat exits 0."""
+    from gguf_patch import set_value
+    path = set_value(smollm_path, tmp_path / "upper.gguf", "tokenizer.chat_template",
+                     UPPER + "<|im_start|>")
+    script = "a<|im_end|>\nsay hi\n/exit\n"
+    result = run_cli("chat", str(path), *GREEDY, "-n", "4", "--no-cache",
+                     input=script)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("spells the model's control token") == 1
+    assert result.stdout.strip()          # the second message was answered

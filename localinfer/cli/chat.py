@@ -25,7 +25,7 @@ from localinfer.engine.load import LoadedModel
 from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, reply_room
 from localinfer.engine.sampling import Sampler, SamplingParams, make_sampler
 from localinfer.engine.structured import OutputFormat, incomplete
-from localinfer.errors import ContextOverflow
+from localinfer.errors import ContextOverflow, UsageError
 from localinfer.models import safe_files
 
 # A history is for recalling recent lines, not an archive: this many, from at most this many bytes.
@@ -114,6 +114,10 @@ def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, lim
         except ContextOverflow as e:
             messages.pop()      # the chat goes on; the user can /clear or ask something shorter
             console.error(f"{e}; /clear starts a new conversation")
+            continue
+        except UsageError as e:     # a message the template cannot keep as text: this one only
+            messages.pop()
+            console.error(str(e))
             continue
         except KeyboardInterrupt:   # Ctrl-C before the reply began: as if it was never asked
             sys.stderr.write("\n")

@@ -32,9 +32,7 @@ def read_stdin(limit: int | None = None) -> str | None:
     stream = sys.stdin
     if stream is None or console.interactive(stream):
         return None
-    if limit is None:
-        from localinfer import settings
-        limit = settings.load().stdin_bytes
+    limit = _stdin_limit(limit)
     try:
         return _read_text(getattr(stream, "buffer", None) or _Encoded(stream), limit)
     except ValueError:          # closed by whoever started us
@@ -82,9 +80,7 @@ def stdin_lines(limit: int | None = None) -> Iterator[list[str]] | None:
     stream = sys.stdin
     if stream is None or console.interactive(stream):
         return None
-    if limit is None:
-        from localinfer import settings
-        limit = settings.load().stdin_bytes
+    limit = _stdin_limit(limit)
     try:
         reader = _Descriptor(stream.fileno())
     except (AttributeError, OSError, ValueError):   # no descriptor: a stream a test substitutes
@@ -315,3 +311,11 @@ def format_stats(stats, loaded: LoadedModel) -> str:
             f"prompt {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
             f"prefill {stats.prefill_tps:.1f} t/s · decode {stats.decode_tps:.1f} t/s · "
             f"{stats.generated_tokens} tokens ({stats.finish_reason})")
+
+
+def _stdin_limit(limit: int | None) -> int:
+    """The bound asked for, else settings' stdin_bytes."""
+    if limit is not None:
+        return limit
+    from localinfer import settings
+    return settings.load().stdin_bytes

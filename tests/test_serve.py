@@ -288,7 +288,7 @@ def test_two_long_requests_share_the_pool_without_overfilling_it(client):
 @pytest.fixture(scope="module")
 def whole_context(models_home):
     """A server with --ctx 0: SmolLM2's trained 8,192 tokens, one request able to use them."""
-    proc, url = _start("--parallel", "2", ctx="0")
+    proc, url = _start("--parallel", "2", "--threads", "1", ctx="0")   # steady on shared cores
     yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0

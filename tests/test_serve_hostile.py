@@ -63,8 +63,11 @@ def start(*args: str, tmp: Path) -> Server:
     port = _free_port()
     log_path = tmp / f"serve-{port}.log"
     with open(log_path, "w") as log:
+        # One thread: ggml's threads spin-wait for one another at every step, and on a machine
+        # whose cores other processes share a step then takes from 1 to 50 times as long, which
+        # would drown the timings measured here.
         proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "smollm2",
-                                 "--offline", "--port", str(port), *args],
+                                 "--offline", "--port", str(port), "--threads", "1", *args],
                                 env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
     server = Server(proc, f"http://127.0.0.1:{port}", port, log_path)
@@ -627,3 +630,80 @@ def test_a_client_that_leaves_before_its_body_is_whole_leaves_no_error(server, f
     time.sleep(0.5)
     assert "internal error" not in server.log()
     _after(server, first_answer)
+
+
+# -- what no real request can show on demand: a bug of ours, a job that failed ---------------------
+def _asgi_post(app, path: str, body: bytes):
+    """One request through the ASGI app in process: (status, content type, body)."""
+    import asyncio
+    sent, messages = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
+             "query_string": b"", "root_path": "", "scheme": "http", "server": ("localhost", 1),
+             "client": ("127.0.0.1", 2), "asgi": {"version": "3.0"}, "http_version": "1.1"}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return (start["status"], dict(start["headers"])[b"content-type"].decode(),
+            json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")))
+
+
+def test_an_exception_no_check_foresaw_is_a_json_500_and_one_log_line():
+    from localinfer.server.api import Served, make_app
+
+    class Broken:                       # a session whose tokenizer has a bug
+        chat_template = "{{ messages[0].content }}"
+        bos_token = eos_token = None
+        add_bos = False
+
+        def tokenize(self, text, *, special):
+            raise RuntimeError("a bug of ours")
+
+    class Idle:
+        error = None
+    logged: list[str] = []
+    app = make_app(Served(Idle(), Broken(), (MODEL,), 512, port=1, log=logged.append,
+                          hosts=frozenset({"localhost"})))
+    status, kind, reply = _asgi_post(app, CHAT, chat_body())
+    assert_openai_error(status, kind, reply, 500, 500)
+    assert logged == [f"POST {CHAT}: internal error: RuntimeError: a bug of ours"]
+
+
+def test_a_failed_job_is_a_400_when_its_grammar_failed_and_a_500_otherwise():
+    import asyncio
+
+    from localinfer.engine.decode import Limits
+    from localinfer.engine.scheduler import Job
+    from localinfer.server.api import _Reply
+    from localinfer.server.requests import Prepared, _OwnFailure
+    from localinfer.errors import LocalinferError
+
+    def dead_end(logits, history):
+        raise LocalinferError("the grammar allows no token of this model's vocabulary here")
+    own = _OwnFailure(dead_end)
+    job = Job([1, 2], own, Limits(4))
+    with pytest.raises(LocalinferError):
+        job.sampler(None, [])
+    job.error = own.failed
+    logged: list[str] = []
+    reply = _Reply(MODEL, True, Prepared(job, True, own), logged.append)
+    failed = reply.failure()
+    assert failed.status_code == 400 and json.loads(failed.body)["error"]["code"] == "grammar_dead_end"
+
+    async def streamed():
+        events = asyncio.Queue()
+        events.put_nowait(None)
+        return [e["data"] async for e in reply.stream(events)]
+    chunks = asyncio.run(streamed())
+    assert "[DONE]" not in chunks and json.loads(chunks[-1])["error"]["param"] == "response_format"
+    engine = Job([1, 2], dead_end, Limits(4), error="the model failed: llama_decode failed")
+    failed = _Reply(MODEL, False, Prepared(engine, False, None), logged.append).failure()
+    assert failed.status_code == 500 and logged == ["a request failed: the model failed: "
+                                                    "llama_decode failed"]

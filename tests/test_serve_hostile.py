@@ -83,13 +83,19 @@ def start(*args: str, tmp: Path) -> Server:
     raise AssertionError("the server did not start")
 
 
-@pytest.fixture(scope="module")
-def server(models_home):
+def serving(*args: str):
+    """A module's server: started in a folder of its own, stopped after its tests, and its log
+    then read for a traceback, which no request may cause."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = start("--parallel", "2", "--queue", "4", "--ctx", "2048", tmp=Path(tmp))
+        s = start(*args, tmp=Path(tmp))
         yield s
         s.stop()
         assert "Traceback" not in s.log()
+
+
+@pytest.fixture(scope="module")
+def server(models_home):
+    yield from serving("--parallel", "2", "--queue", "4", "--ctx", "2048")
 
 
 @pytest.fixture(scope="module")
@@ -426,10 +432,7 @@ def test_health_answers_while_heavy_requests_are_prepared(server, first_answer):
 
 @pytest.fixture(scope="module")
 def impatient(models_home):
-    with tempfile.TemporaryDirectory() as tmp:
-        s = start("--parallel", "1", "--ctx", "1024", "--request-timeout", "2", tmp=Path(tmp))
-        yield s
-        s.stop()
+    yield from serving("--parallel", "1", "--ctx", "1024", "--request-timeout", "2")
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> tuple[float, bytes]:

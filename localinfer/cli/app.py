@@ -52,6 +52,11 @@ measure.register(app)
 app.add_typer(cache.app, name="cache")
 
 
+def debugging() -> bool:
+    """--debug (or LOCALINFER_DEBUG) was given: tracebacks, and the engine's log."""
+    return _debug
+
+
 # -- entry point ----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and a documented exit code."""

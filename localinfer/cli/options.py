@@ -45,6 +45,26 @@ def max_threads() -> int:
 
 
 # -- the options ----------------------------------------------------------------------------------
+# The panels `--help` groups options into, the same names on every command.
+SAMPLING = "Sampling"
+CONTEXT = "Context and memory"
+SPECULATION = "Speculation"
+OUTPUT = "Output"
+BACKEND = "Backend"
+SERVER = "Server"
+
+
+def verbose_option(help_text: str = "-v: timings and stats on stderr; -vv: the engine's log too."):
+    """-v counts: 1 is our stats block, 2 (or --debug) adds llama.cpp's own log."""
+    return typer.Option(0, "--verbose", "-v", count=True, help=help_text, rich_help_panel=OUTPUT)
+
+
+def engine_log(verbose: int) -> bool:
+    """Whether the engine's own log goes to stderr: -vv, or --debug."""
+    from localinfer.cli import app
+    return verbose >= 2 or app.debugging()
+
+
 def backend_option():
     return typer.Option("auto", "--backend", help=f"Inference backend: {'|'.join(BACKEND_CHOICES)}.")
 

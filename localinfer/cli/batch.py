@@ -87,27 +87,31 @@ def _input_lines(ahead: int) -> _Feed:
 
 
 def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str | None,
-               threads: int, offline: bool, shared: bool = False):
+               threads: int, offline: bool, shared: bool = False, kv_type: str | None = None,
+               gpu_layers: str = "auto", verbose: bool = False):
     """(the model reference, a SequenceBatch of `parallel` request sequences plus the shared
     prefix's), fitted to the memory budget as `run` fits: map's and serve's. `ctx` is each
     request's context (map), or with `shared` the pool they share, any one of them able to use
-    it all (serve; 0: the model's trained context, as far as the memory budget allows)."""
+    it all (serve; 0: the model's trained context, as far as the memory budget allows).
+    `kv_type`, `gpu_layers` (a --gpu-layers value) and `verbose` (the engine's log) as `run`'s."""
     from dataclasses import replace
 
     from localinfer.backends import context_length
     from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.cli.options import parse_gpu_layers
     from localinfer.fit import auto, memory
     from localinfer.models import refs
     ref, options, _ = fit_model(model, quant=quant, ctx=ctx if shared else ctx * parallel,
-                                kv_type=None, memory_budget=memory_, threads=threads,
-                                verbose=False, offline=offline)
+                                kv_type=kv_type, memory_budget=memory_, threads=threads,
+                                verbose=verbose, offline=offline, gpu_layers=gpu_layers)
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
                        notify=console.note)
     if shared and not ctx:      # the fit above is run's default context; grow it to the trained one
         trained = memory.facts_from_file(path).context_length
         fitted = options.n_ctx or context_length(0, trained)
         if trained > fitted:
-            placed = auto.place_file(path, n_ctx=trained, memory_budget=memory_, min_ctx=fitted)
+            placed = auto.place_file(path, n_ctx=trained, memory_budget=memory_, min_ctx=fitted,
+                                     kv_type=kv_type, gpu_layers=parse_gpu_layers(gpu_layers))
             if placed.fits:
                 for note in placed.notes:
                     console.note(note)

@@ -77,3 +77,26 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int, str], None] | None]
         def update(done: int, total: int, name: str) -> None:
             bar.update(task, completed=done, total=total, description=name)
         yield update
+
+
+@contextlib.contextmanager
+def byte_bar(label: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A download bar on stderr (size, speed, time left) updated with bytes done, on a terminal;
+    None on a pipe. It stays when done, showing the size and the speed it ran at."""
+    if not interactive():
+        yield None
+        return
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+    bar = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), console=stderr())
+    with bar:
+        task = bar.add_task("", total=total)
+        try:
+            # Bytes pip has written may run past the model's size (a wheel is a zip around it).
+            yield lambda done: bar.update(task, completed=min(done, total) if total else done)
+        except BaseException:
+            bar.update(task, visible=False)     # a failed download leaves its error line only
+            raise
+        if total:
+            bar.update(task, completed=total)

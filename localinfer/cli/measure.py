@@ -131,6 +131,10 @@ def quantize_cmd(
                           force=force, progress=progress, warn=console.warn)
     label = f"{job.name}:{job.qtype}" if job.store else str(job.output)
     console.note(f"{label}: {human_size(size)} written to {job.output}")
+    # A new quant type batches differently: its first run's exactness probe, made now.
+    from localinfer.speculate import choose
+    choose.probe_ahead(job.output, label, notify=console.note if console.interactive() else None,
+                       warn=console.warn)
 
 
 def _show_plan(job: Job, plan: QuantPlan, *, ctx_sizes: tuple[int, ...], as_json: bool) -> None:

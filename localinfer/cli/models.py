@@ -26,6 +26,7 @@ def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT],
                                    "hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf.")) -> None:
     """Download a model into the store (tries each source in order)."""
     from localinfer.models import fetch, hub
+    from localinfer.speculate import choose
     _, cat, store = refs.context()
     if hub.is_hub_ref(model):       # the repository's listing is taken again
         spec, quant = hub.resolve(model, store, offline=False, refresh=True, notify=console.note)
@@ -35,8 +36,12 @@ def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT],
     if ref.spec is None:
         raise UsageError("pull takes a catalogue name, not a file path")
     path = fetch.ensure(ref.spec, ref.spec.variant(ref.quant), store,
-                        progress=console.interactive(), notify=console.note)
+                        progress=console.interactive(), notify=console.note,
+                        download_bar=lambda total: console.byte_bar(ref.display, total))
     console.note(f"{ref.display} is at {path}")
+    # The probe a first run would make, made now: the model is on disk, the user is waiting anyway.
+    choose.probe_ahead(path, ref.display, notify=console.note if console.interactive() else None,
+                       warn=console.warn)
 
 
 def list_models(

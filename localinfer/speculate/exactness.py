@@ -7,8 +7,9 @@ groups of 4 (Gemma 3 270M Q4_K_M differs from 4 tokens on) and the tiled K-quant
 batches of 8 rows or more. Attention can depend on the context length as well (ggml's flash
 attention splits one query's KV range across threads once 512 cells are in view; the llama.cpp
 backend picks cache types that keep it off that path, see backends/llama_cpp.py), so the probe
-compares at a short and at a long position. Measured once per model file and engine; drafts are
-verified in chunks of at most that size, and a result of 1 means no batch is exact: no drafting.
+compares at a short and at a long position. Measured once per compute graph and engine (see
+exactness_key.py: a copy of a model with other metadata shares the verdict); drafts are verified
+in chunks of at most that size, and a result of 1 means no batch is exact: no drafting.
 """
 
 from __future__ import annotations
@@ -16,19 +17,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from localinfer.backends import Session
+from localinfer.speculate.exactness_key import verdict_key
 
-PROBE_VERSION = 2       # part of the cache key: probes made by an earlier rule are made again
+Notify = Callable[[str], None]
+
+PROBE_VERSION = 3       # part of the cache key: probes made by an earlier rule are made again
 SHORT_PREFIX = 4        # a prefill of this many tokens before the first compared positions
 LONG_PREFIX = 320       # ... and of this many: llama.cpp then views 512 cells (it pads to 256)
 MAX_PROBED = 8          # the largest batch probed; drafts longer than this are verified in chunks
 PROBED_POSITIONS = 16   # positions compared after each prefix
+# The probe's time: a part that hardly depends on the model (a few hundred small evals) and a part
+# that grows with the weights read per eval. Measured on the 2-core build machine (SmolLM2 Q4_1 and
+# Gemma 3 270M took about 4 s each); a machine's own probes scale it (`slowdown` in the cache file).
+PROBE_BASE_S = 3.0
+PROBE_S_PER_MB = 0.01
 
 
 def probe_tokens(session: Session) -> list[int]:
@@ -43,8 +53,7 @@ def probe(session: Session, tokens: Sequence[int], limit: int = MAX_PROBED) -> i
     Leaves the session's KV cache empty.
     """
     exact = limit
-    longest = min(len(tokens), session.n_ctx) - PROBED_POSITIONS
-    for prefix in (SHORT_PREFIX, min(LONG_PREFIX, longest)):
+    for prefix in (SHORT_PREFIX, long_prefix(session, tokens)):
         if prefix < 1 or exact < 2:
             break
         exact = _probe_at(session, tokens[:prefix + PROBED_POSITIONS], prefix, exact)
@@ -76,35 +85,55 @@ def _digest(row: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(row).tobytes(), digest_size=16).digest()
 
 
-def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Path) -> int:
-    """`probe` for this model file and engine, remembered in `cache_file` (a small JSON map)."""
-    key = _key(session, model_path, backend)
+def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Path, *,
+                notify: Notify | None = None) -> int:
+    """`probe` for what decides it (exactness_key: the model's graph, not its file; the engine),
+    remembered in `cache_file`. `notify` hears one line, with an estimate, before a probe runs."""
+    key = verdict_key(session, model_path, backend, PROBE_VERSION)
+    tokens = probe_tokens(session)
+    viewed = long_prefix(session, tokens)
     known = _read(cache_file)
-    if key in known:
-        return int(known[key])
-    value = probe(session, probe_tokens(session))
-    known[key] = value
+    entry = known["verdicts"].get(key)
+    # A verdict probed in a shorter context never saw the cells a longer one views: probe again.
+    if isinstance(entry, dict) and _whole(entry.get("viewed")) >= viewed:
+        return max(1, min(_whole(entry.get("exact")), MAX_PROBED))
+    expected = PROBE_BASE_S + PROBE_S_PER_MB * model_path.stat().st_size / 1e6
+    machine = f"{backend}|t{getattr(session, 'n_threads', 0)}"
+    if notify is not None:
+        seconds = expected * known["slowdown"].get(machine, 1.0)
+        notify(f"checking once how this model batches, ~{max(1, round(seconds))} s")
+    start = time.perf_counter()
+    value = probe(session, tokens)
+    known = _read(cache_file)       # another process may have written meanwhile: keep its entries
+    known["verdicts"][key] = {"exact": value, "viewed": viewed}
+    known["slowdown"][machine] = (time.perf_counter() - start) / expected
     _write(cache_file, known)
     return value
 
 
-def _key(session: Session, path: Path, backend: str) -> str:
-    stat = path.stat()
-    engine = getattr(session, "engine_version", "")
-    threads = getattr(session, "n_threads", 0)
-    kv = getattr(session, "kv_type", "")
-    # Layers on a GPU run its kernels, which batch differently: a probe per placement.
-    gpu_layers = getattr(getattr(session, "offload", None), "gpu_layers", 0)
-    return (f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{backend}{engine}|t{threads}"
-            f"|kv{kv}|p{PROBE_VERSION}" + (f"|gpu{gpu_layers}" if gpu_layers else ""))
+def long_prefix(session: Session, tokens: Sequence[int]) -> int:
+    """The longest prefix `probe` compares at in this session (its context may cut it short)."""
+    return max(0, min(LONG_PREFIX, min(len(tokens), session.n_ctx) - PROBED_POSITIONS))
+
+
+def _whole(value: object) -> int:
+    return value if type(value) is int else 0     # a hand-edited or damaged entry is no verdict
 
 
 def _read(cache_file: Path) -> dict:
+    """{"verdicts": {key: {"exact", "viewed"}}, "slowdown": {backend|threads: measured/expected}}."""
     try:
         data = json.loads(cache_file.read_text("utf-8"))
-        return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
-        return {}        # absent or corrupt: probe again, never trust it
+        data = {}        # absent or corrupt: probe again, never trust it
+    data = data if isinstance(data, dict) else {}
+    known = {}
+    for part in ("verdicts", "slowdown"):
+        value = data.get(part)
+        known[part] = value if isinstance(value, dict) else {}   # an older file's keys are dropped
+    known["slowdown"] = {k: v for k, v in known["slowdown"].items()
+                         if isinstance(v, (int, float)) and 0 < v < 1e3}
+    return known
 
 
 def _write(cache_file: Path, data: dict) -> None:

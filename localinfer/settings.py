@@ -55,6 +55,11 @@ class Settings:
         return self.config_dir / "models.toml"
 
     @property
+    def user_config(self) -> Path:
+        """The user's own option defaults (`[defaults]`, `[defaults.MODEL]`), beside models.toml."""
+        return self.config_dir / "config.toml"
+
+    @property
     def prompt_cache_dir(self) -> Path:
         return self.cache_dir / "prompts"
 

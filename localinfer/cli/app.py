@@ -14,7 +14,8 @@ import traceback
 import typer
 
 from localinfer import settings
-from localinfer.cli import batch, cache, console, generate, measure, models, serve, shell
+from localinfer.cli import (batch, cache, console, defaults, generate, measure, models, serve,
+                            shell, show)
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
 
 # typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's,
@@ -48,6 +49,7 @@ generate.register(app)
 batch.register(app)
 serve.register(app)
 models.register(app)
+show.register(app)
 measure.register(app)
 app.add_typer(cache.app, name="cache")
 
@@ -99,10 +101,15 @@ def _invoke(args: list[str]) -> object:
     pipe into a silent exit 1 before any handler here could call it the normal end it is."""
     command = typer.main.get_command(app)
     try:
-        with command.make_context("localinfer", args) as ctx:
+        # config.toml's [defaults] as click's defaults: checked by each option's own type
+        with command.make_context("localinfer", args,
+                                  default_map=defaults.default_map(command, args)) as ctx:
             return command.invoke(ctx)
     except _CLICK_EXIT as e:
         return e.exit_code
+    except _ClickUsageError as e:
+        defaults.blame(e)       # a value from config.toml: the line names the file
+        raise
 
 
 def _fail(message: str, code: int, exc: BaseException) -> None:

@@ -1,0 +1,161 @@
+"""The user's own defaults: `config.toml` in the config directory, beside the user's `models.toml`.
+
+    [defaults]                  # every command that has the option
+    temp = 0
+    top-k = 20
+
+    [defaults.smollm2]          # only for this model: a catalogue name or alias, hf:OWNER/REPO,
+    system = "Answer briefly."  # a file's name or stem, or NAME:QUANT as typed
+
+Keys are the commands' long option names (`top-k` or `top_k`). Which keys exist and what values
+they take is the commands' business (cli.defaults checks them against the options themselves);
+this module reads the file, refuses what no option could mean, and picks the tables that apply to
+a model. The file is the user's but is read as if it were anyone's: a regular file of bounded size,
+and each problem one line naming the file and the place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localinfer.errors import UsageError
+
+# A defaults file is a few hundred bytes; anything near this is not one, and parsing it would
+# cost memory and time before the command starts.
+MAX_BYTES = 1 << 20
+TABLE = "defaults"
+
+
+class ConfigError(UsageError):
+    """config.toml cannot be used: exit 2, as a bad option value on the command line would be (the
+    file holds the user's option values)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of the file: the option it names (`-` read as `_`), its value, and where it was."""
+
+    key: str                # as written, for messages
+    name: str               # normalised: top_k
+    value: object
+    table: str              # "[defaults]" or "[defaults.smollm2]", for messages and `show`
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    path: Path
+    defaults: dict[str, Setting] = field(default_factory=dict)            # by normalised name
+    models: dict[str, dict[str, Setting]] = field(default_factory=dict)  # by model name, lowered
+    unknown: tuple[str, ...] = ()       # top-level keys other than [defaults]: ignored
+
+    def settings(self) -> list[Setting]:
+        """Every key the file sets, [defaults] first, then each model's table."""
+        return [*self.defaults.values(), *(s for t in self.models.values() for s in t.values())]
+
+    def for_model(self, names: Sequence[str]) -> dict[str, Setting]:
+        """[defaults] with the tables of a model over it. `names` are the names the model goes
+        by, least specific first (catalogue name, aliases, then as the user typed it): a table
+        for a later name wins over one for an earlier name."""
+        merged = dict(self.defaults)
+        for name in dict.fromkeys(n.strip().lower() for n in names):
+            merged.update(self.models.get(name, {}))
+        return merged
+
+
+def read(path: Path) -> UserConfig | None:
+    """The file at `path`, parsed and checked; None when there is none."""
+    data = _read_bounded(path)
+    return None if data is None else parse(data, path)
+
+
+def parse(data: bytes, path: Path) -> UserConfig:
+    """The settings in `data` (the content of `path`); ConfigError for a file that is not TOML
+    or whose [defaults] is not a table of values and model tables."""
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start + 1})") from None
+    except tomllib.TOMLDecodeError as e:    # its message names the line and column
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    table = doc.get(TABLE, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {TABLE} must be a table ([{TABLE}]), not {_kind(table)}")
+    defaults = _settings({k: v for k, v in table.items() if not isinstance(v, dict)},
+                         f"[{TABLE}]", path)
+    models = {name.strip().lower(): _settings(t, f"[{TABLE}.{_key(name)}]", path)
+              for name, t in table.items() if isinstance(t, dict)}
+    return UserConfig(path, defaults, models, tuple(k for k in doc if k != TABLE))
+
+
+def _settings(table: dict, where: str, path: Path) -> dict[str, Setting]:
+    out: dict[str, Setting] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name in out:
+            raise ConfigError(f"{path}: {where} sets {out[name].key} twice (as "
+                              f"{out[name].key} and {key}); keep one")
+        out[name] = Setting(key, name, value, where)
+    return out
+
+
+def _read_bounded(path: Path) -> bytes | None:
+    """The file's bytes, if it is a regular file of at most MAX_BYTES (a link to one is followed:
+    config files are often linked from a dotfiles folder). Never blocks on a pipe."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ENOTDIR:        # a file where the config folder should be
+            return None
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{path} is not a regular file; make it one, or remove it")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"{path} is over {MAX_BYTES // 1024} KB; a defaults file needs a few "
+                          "lines")
+    return data
+
+
+def toml_value(value: object) -> str:
+    """`value` as TOML writes it, for messages and for `show --parameters` (which prints lines a
+    user can paste into this file)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        return repr(value) if abs(value) != float("inf") else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return _basic_string(value)
+    return str(value)
+
+
+def _basic_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    out = "".join(escapes.get(c, c if c.isprintable() or c == " " else f"\\u{ord(c):04x}"
+                              if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}") for c in text)
+    return f'"{out}"'
+
+
+def _key(name: str) -> str:
+    """A key as TOML writes it: bare when it can be, quoted otherwise."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _basic_string(name)
+
+
+def _kind(value: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array"}.get(type(value), type(value).__name__)

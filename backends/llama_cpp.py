@@ -373,9 +373,16 @@ class LlamaCppSession(GGUFVocabulary):
 
 
 def default_threads() -> int:
-    """One thread per physical core, as llama-bench does: hyper-threads slow matrix work down."""
+    """One thread per physical core, as llama-bench does (hyper-threads slow matrix work down), and
+    never more than the CPUs this process may run on: in a container or under `taskset` a thread
+    beyond them spin-waits for a CPU at every step (20-60x slower, cli/options.py)."""
+    import os
+
     import psutil
-    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)) or 1)
+    return cores
 
 
 def _is_available() -> bool:

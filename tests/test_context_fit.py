@@ -190,14 +190,14 @@ def documents(tmp_path_factory, smollm_path) -> dict[int, str]:
 
 
 def _n_ctx(stderr: str) -> int:
-    """The context llama.cpp made, from its own log (-v lets it through)."""
+    """The context llama.cpp made, from its own log (-vv lets it through)."""
     line = next(line for line in stderr.splitlines() if line.startswith("llama_context: n_ctx "))
     return int(line.split("=")[1])
 
 
 @pytest.mark.slow
 def test_a_long_piped_document_gets_the_context_it_needs(smollm_path, documents, tmp_path):
-    args = ("run", str(smollm_path), "--temp", "0", "--draft", "none", "-v")
+    args = ("run", str(smollm_path), "--temp", "0", "--draft", "none", "-vv")
     first = run_cli(*args, QUESTION, "-n", "16", input=documents[5000], home=tmp_path,
                     timeout=3600)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -265,7 +265,7 @@ def test_a_dense_prompt_gets_a_larger_context_after_loading(smollm_path, tmp_pat
     # reply itself ends at its first space or newline.
     digits = "3.14159 2.71828 " * 150
     result = run_cli("run", str(smollm_path), digits, "--raw", "-n", "2500", "--stop", " ",
-                     "--stop", "\n", "--temp", "0", "--draft", "none", "-v", home=tmp_path,
+                     "--stop", "\n", "--temp", "0", "--draft", "none", "-vv", home=tmp_path,
                      timeout=3600)
     assert result.returncode == 0, result.stderr[-2000:]
     contexts = [int(line.split("=")[1]) for line in result.stderr.splitlines()

@@ -83,7 +83,11 @@ def test_verbose_reports_every_figure(models_home):
     result = run_cli("run", GEMMA, "Once upon a time", *GREEDY, "-n", "8", "-v")
     for word in ("load", "prompt", "ttft", "prefill", "decode", "tokens"):
         assert word in result.stderr
-    assert "print_info" in result.stderr        # llama.cpp's own log lines only when verbose
+    # -v is our figures, not the engine's loader log: that is -vv's (or --debug's).
+    assert "print_info" not in result.stderr and len(result.stderr.splitlines()) < 15
+    engine = run_cli("run", GEMMA, "Once upon a time", *GREEDY, "-n", "8", "-vv")
+    assert "print_info" in engine.stderr and "ttft" in engine.stderr
+    assert engine.stdout == result.stdout
     quiet = run_cli("run", GEMMA, "Once upon a time", *GREEDY, "-n", "8")
     assert quiet.stderr == ""
 

@@ -8,6 +8,7 @@ the callbacks it hands them (docs/architecture.md).
 from __future__ import annotations
 
 import io
+import os
 import sys
 import traceback
 
@@ -16,7 +17,10 @@ import typer
 from localinfer import settings
 from localinfer.cli import (batch, cache, console, defaults, generate, measure, models, serve,
                             shell, show)
+from localinfer.cli import help_style
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
+
+help_style.apply()
 
 # typer >= 0.22 parses with its own copy of click (typer._click): its exceptions are not click's,
 # and it no longer imports click at all (so neither do we: a hundredth of a second).
@@ -32,16 +36,44 @@ except ImportError:
 
 app = typer.Typer(
     help="Run language models locally, as fast as the hardware allows.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 _debug = False
+# click's shell completion: the script `--install-completion` writes calls us back with this set.
+COMPLETE_VAR = "_LOCALINFER_COMPLETE"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"localinfer {_version('localinfer')} "
+                         f"(llama-cpp-python {_version('llama-cpp-python')})\n")
+        raise typer.Exit()
+
+
+def _version(package: str) -> str:
+    from importlib import metadata     # not importing llama_cpp: --version stays instant
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
-    """Run language models locally, as fast as the hardware allows."""
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors, and the "
+                               "engine's log."),
+    version: bool = typer.Option(False, "--version", "-V", callback=_show_version,
+                                 is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Run language models locally, as fast as the hardware allows.
+
+    \b
+    localinfer run smollm2 "Why is the sky blue?"
+    git diff | localinfer run smollm2 "Write a commit message"
+    localinfer chat smollm2
+    """
 
 
 # In the order `localinfer --help` lists them.
@@ -66,14 +98,16 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     _debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    if COMPLETE_VAR in os.environ:   # a shell asking for completions: click's own protocol
+        typer.main.get_command(app).main(args, prog_name="localinfer", complete_var=COMPLETE_VAR)
     shell.guard_standard_streams()
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="replace")
     try:
         _debug = _debug or settings.load().debug
         shell.check_arguments(args)
-        code = _invoke(args)
-    except NoArgsIsHelpError as e:   # bare `localinfer` or `localinfer run`: the help, not an error
+        code = _invoke(args or ["--help"])   # bare `localinfer`: the help, and a normal end
+    except NoArgsIsHelpError as e:   # `localinfer run` with nothing to run: the help, exit 2
         e.show()
         sys.exit(EXIT_USAGE)
     except _ClickUsageError as e:

@@ -13,8 +13,13 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (ctx_option, fit_model, memory_option, offline_option,
-                                    quant_option, threads_option)
+from localinfer.cli.options import (CONTEXT, OUTPUT, ctx_option, engine_log, fit_model,
+                                    gpu_layers_option, grammar_option, json_schema_option,
+                                    kv_type_option, max_tokens_option, memory_option,
+                                    min_p_option, model_argument, offline_option, quant_option,
+                                    raw_option, repeat_penalty_option, seed_option, stop_option,
+                                    system_option, temp_option, threads_option, top_k_option,
+                                    top_p_option, verbose_option)
 from localinfer.errors import EXIT_RUNTIME, LocalinferError, UsageError
 
 PLACEHOLDER = "{}"
@@ -25,44 +30,59 @@ def register(app: typer.Typer) -> None:
 
 
 def map_lines(
-    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a path to a .gguf file."),
-    template: str = typer.Argument(..., help="The prompt for each line; {} is the line."),
-    parallel: int = typer.Option(4, "--parallel", "-P", min=1, max=63,
-                                 help="Prompts decoded together."),
-    as_jsonl: bool = typer.Option(False, "--jsonl", help="One JSON object per line: input, "
-                                  "answer, finish reason (or error)."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message for chat models."),
-    raw: bool = typer.Option(False, "--raw", help="Send each prompt as is, without the chat template."),
-    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the first line's sampler "
-                                       "(the next lines count up from it)."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens an answer takes."),
-    stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    model: str = model_argument(),
+    template: str = typer.Argument(..., metavar="TEMPLATE", show_default=False,
+                                   help="The prompt for each line; {} is the line."),
+    parallel: int = typer.Option(4, "--parallel", "-P", min=1, max=63, metavar="N",
+                                 rich_help_panel=CONTEXT, help="Prompts decoded together."),
+    system: Optional[str] = system_option(),
+    raw: bool = raw_option("Send each prompt as is, without the chat template."),
+    temp: float = temp_option(),
+    top_k: int = top_k_option(),
+    top_p: float = top_p_option(),
+    min_p: float = min_p_option(),
+    repeat_penalty: float = repeat_penalty_option(),
+    seed: Optional[int] = seed_option("Seed of the first line's sampler (the next lines count up "
+                                      "from it); -1 (or none) draws a new one each run."),
+    max_tokens: int = max_tokens_option(256, "Most tokens an answer takes."),
+    stop: list[str] = stop_option(),
     ctx: int = ctx_option(2048, 64, "Context of each prompt and its answer."),
-    threads: int = threads_option(),
-    offline: bool = offline_option("Never download; fail if not on disk."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Do not restore prompts from the "
-                                  "prompt cache."),
-    json_schema: Optional[str] = typer.Option(None, "--json-schema", help="Each answer is one "
-                                              "JSON document valid against this schema (a file "
-                                              "or inline JSON)."),
-    grammar: Optional[str] = typer.Option(None, "--grammar", help="Each answer follows this "
-                                          "GBNF grammar file."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
+    kv_type: Optional[str] = kv_type_option(),
+    no_cache: bool = typer.Option(False, "--no-cache", rich_help_panel=CONTEXT,
+                                  help="Do not restore prompts from the prompt cache."),
+    as_jsonl: bool = typer.Option(False, "--jsonl", rich_help_panel=OUTPUT,
+                                  help="One JSON object per line: input, answer, finish reason "
+                                  "(or error)."),
+    json_schema: Optional[str] = json_schema_option("Each answer is one JSON document valid "
+                                                    "against this schema (a file or inline "
+                                                    "JSON)."),
+    grammar: Optional[str] = grammar_option("Each answer follows this GBNF grammar file."),
+    verbose: int = verbose_option("-v: nothing more yet; -vv: the engine's log."),
+    threads: int = threads_option(),
+    gpu_layers: str = gpu_layers_option(),
+    offline: bool = offline_option(),
 ) -> None:
-    """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order."""
+    """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order.
+
+    \b
+    seq 1 20 | localinfer map smollm2 "Is {} a prime number? Answer yes or no." --temp 0
+    cat titles.txt | localinfer map smollm2 "Translate to French: {}" --jsonl
+    """
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
     if PLACEHOLDER not in template:
         raise UsageError(f"the template has no {PLACEHOLDER} for the line")
-    params = SamplingParams(temperature=temp, seed=seed)     # refused before anything loads
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed)   # checked before loading
     output = from_options(json_schema, grammar)
     feed = _input_lines(ahead=2 * parallel)
     feed.peek()                 # a first line that is not text is refused before the model loads
     _, batch = open_batch(model, parallel=parallel, ctx=ctx, quant=quant, memory_=memory_,
-                          threads=threads, offline=offline)
+                          threads=threads, offline=offline, kv_type=kv_type,
+                          gpu_layers=gpu_layers, verbose=engine_log(verbose))
     try:
         printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
                                               system=system, raw=raw,

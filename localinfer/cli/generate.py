@@ -9,10 +9,15 @@ import typer
 
 from localinfer.backends import LoadOptions
 from localinfer.cli import console, shell
-from localinfer.cli.options import (backend_option, check_backend, ctx_option, fit_model,
-                                    gpu_layers_option, kv_type_option, memory_option,
+from localinfer.cli.options import (CONTEXT, backend_option, check_backend, ctx_option,
+                                    draft_max_option, draft_option, engine_log, fit_model,
+                                    gpu_layers_option, grammar_option, json_option,
+                                    json_schema_option, kv_type_option, max_tokens_option,
+                                    memory_option, min_p_option, model_argument, no_cache_option,
                                     offline_option, open_ref, parse_gpu_layers, quant_option,
-                                    threads_option)
+                                    raw_option, repeat_penalty_option, seed_option, stop_option,
+                                    system_option, temp_option, threads_option, top_k_option,
+                                    top_p_option, verbose_option)
 from localinfer.errors import UsageError
 
 # The decode loop, the prompt cache and their numpy are imported inside the commands: `list` or
@@ -28,9 +33,6 @@ if TYPE_CHECKING:
 
 CTX_HELP = ("Context length; 0 = sized to the prompt and the reply's room (at least 4096, at "
             "most the model's trained context).")
-SCHEMA_HELP = ("Answer with one JSON document valid against this JSON schema (a file, or "
-               "inline JSON); decoding is constrained token by token.")
-GRAMMAR_HELP = "Constrain the answer to this GBNF grammar file (llama.cpp's grammar format)."
 CHAT_CTX_HELP = ("Context length; 0 = 4096, grown as the conversation needs (up to the model's "
                  "trained context) before old turns are dropped.")
 
@@ -41,45 +43,48 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
-    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a path to a .gguf file."),
-    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' reads it from stdin alone. "
-                                           "Piped stdin is put before it."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message for chat models."),
-    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
-    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy and deterministic."),
-    top_k: int = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens; 0 = off."),
-    top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass."),
-    min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0,
-                                help="Drop tokens below this fraction of the top probability."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
-                                         help="Penalty for recently seen tokens; 1 = off."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling; -1 (or "
-                                       "none given) draws a new one each run."),
-    max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1,
-                                   help="Stop after this many tokens; -1 = until the model ends."),
-    stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    model: str = model_argument(),
+    prompt: Optional[str] = typer.Argument(None, metavar="[PROMPT]", show_default=False,
+                                           help="The prompt; '-' reads it from stdin alone. "
+                                           "Piped stdin is put before it. None on a terminal: "
+                                           "a chat."),
+    system: Optional[str] = system_option(),
+    raw: bool = raw_option(),
+    temp: float = temp_option(),
+    top_k: int = top_k_option(),
+    top_p: float = top_p_option(),
+    min_p: float = min_p_option(),
+    repeat_penalty: float = repeat_penalty_option(),
+    seed: Optional[int] = seed_option(),
+    max_tokens: int = max_tokens_option(),
+    stop: list[str] = stop_option(),
     ctx: int = ctx_option(0, 0, CTX_HELP),
-    truncate: bool = typer.Option(False, "--truncate", help="A prompt longer than the context "
-                                  "fits: keep the question and the end of the piped input, drop "
-                                  "the rest (stderr says how much)."),
-    threads: int = threads_option(),
-    backend: str = backend_option(),
-    offline: bool = offline_option("Never download; fail if not on disk."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings and engine logs on stderr."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
-    json_schema: Optional[str] = typer.Option(None, "--json-schema", help=SCHEMA_HELP),
-    grammar: Optional[str] = typer.Option(None, "--grammar", help=GRAMMAR_HELP),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
-    draft: str = typer.Option("auto", "--draft", help="Speculative decoding: a draft MODEL, auto "
-                              "(catalogue draft if on disk, else lookup), lookup, self, none."),
-    draft_max: int = typer.Option(8, "--draft-max", min=0, help="Most tokens drafted per round "
-                                  "(adaptive below it); 0 = no speculation."),
+    truncate: bool = typer.Option(False, "--truncate", rich_help_panel=CONTEXT,
+                                  help="A prompt longer than the context fits: keep the question "
+                                  "and the end of the piped input, drop the rest (stderr says "
+                                  "how much)."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
+    no_cache: bool = no_cache_option(),
+    draft: str = draft_option(),
+    draft_max: int = draft_max_option(),
+    as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
+    json_schema: Optional[str] = json_schema_option(),
+    grammar: Optional[str] = grammar_option(),
+    verbose: int = verbose_option(),
+    backend: str = backend_option(),
+    threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    offline: bool = offline_option(),
 ) -> None:
-    """Generate a completion and stream it to stdout."""
+    """Generate a completion and stream it to stdout.
+
+    \b
+    localinfer run smollm2 "Why is the sky blue?"
+    git diff | localinfer run smollm2 "Write a commit message" --temp 0
+    localinfer run hf:OWNER/REPO:Q4_K_M "Hi" --json-schema person.json
+    """
     from localinfer.cache import prompt_cache
     from localinfer.engine.decode import Limits
     from localinfer.engine.prompt import uses_chat_template
@@ -90,19 +95,16 @@ def run(
     check_backend(backend)
     output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
     fit = dict(quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_, threads=threads,
-               verbose=verbose, offline=offline, gpu_layers=gpu_layers)
+               verbose=engine_log(verbose), offline=offline, gpu_layers=gpu_layers)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     limits = Limits(max_tokens, tuple(stop))
-    if prompt is None and console.interactive(sys.stdin):
-        from localinfer.cli import chat as chat_repl
-        ref, options, _ = fit_model(model, **fit)
-        loaded = open_ref(ref, backend=backend, offline=offline, options=options)
-        chat_repl.repl(loaded, params, system=system, limits=limits, output=output,
-                       grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                                              gpu_layers=parse_gpu_layers(gpu_layers),
-                                              options=options))
-        return
+    if prompt is None and console.interactive(sys.stdin):    # `run MODEL` on a terminal: chat
+        return chat(model, system=system, raw=raw, temp=temp, top_k=top_k, top_p=top_p,
+                    min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
+                    stop=stop, ctx=ctx, quant=quant, memory_=memory_, kv_type=kv_type,
+                    no_cache=no_cache, json_schema=json_schema, grammar=grammar, verbose=verbose,
+                    backend=backend, threads=threads, gpu_layers=gpu_layers, offline=offline)
     # The prompt is read before the fit: the context is sized to it.
     request = Request(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
                       max_tokens, truncate)
@@ -114,7 +116,7 @@ def run(
                              offline=offline, options=options, output=output,
                              store=prompt_cache.open_for(session, enabled=not no_cache))
     generation.stats.load_s = loaded.load_s
-    text = shell.emit(generation, loaded, as_json=as_json, verbose=verbose)
+    text = shell.emit(generation, loaded, as_json=as_json, verbose=verbose > 0)
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
     _check_complete(output, text, generation, loaded, limits)
     if generation.stats.finish_reason == "context":
@@ -188,40 +190,52 @@ def _check_complete(output: OutputFormat | None, text: str,
 
 
 def chat(
-    model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or a .gguf path."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
-    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; -1 (or none given) "
-                                       "draws a new one each run."),
-    max_tokens: int = typer.Option(-1, "--max-tokens", "-n", min=-1, help="Per reply; -1 = no limit."),
+    model: str = model_argument(),
+    system: Optional[str] = system_option(),
+    raw: bool = raw_option("Send each message as is, without the chat template."),
+    temp: float = temp_option(),
+    top_k: int = top_k_option(),
+    top_p: float = top_p_option(),
+    min_p: float = min_p_option(),
+    repeat_penalty: float = repeat_penalty_option(),
+    seed: Optional[int] = seed_option(),
+    max_tokens: int = max_tokens_option(help_text="Most tokens per reply; -1 = no limit."),
+    stop: list[str] = stop_option(),
     ctx: int = ctx_option(0, 0, CHAT_CTX_HELP),
-    threads: int = threads_option(),
-    backend: str = backend_option(),
-    offline: bool = offline_option(),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Timings after each reply."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither use nor fill the prompt cache."),
-    json_schema: Optional[str] = typer.Option(None, "--json-schema", help=SCHEMA_HELP),
-    grammar: Optional[str] = typer.Option(None, "--grammar", help=GRAMMAR_HELP),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
+    no_cache: bool = no_cache_option(),
+    json_schema: Optional[str] = json_schema_option(),
+    grammar: Optional[str] = grammar_option(),
+    verbose: int = verbose_option("-v: timings after each reply; -vv: the engine's log too."),
+    backend: str = backend_option(),
+    threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    offline: bool = offline_option(),
 ) -> None:
-    """Multi-turn chat in the terminal (/exit, /clear, /system TEXT)."""
+    """Multi-turn chat in the terminal (/help lists its commands).
+
+    \b
+    localinfer chat smollm2
+    localinfer chat gemma3-270m --system "Answer in one sentence." --temp 0.3
+    """
     from localinfer.cli import chat as chat_repl
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
     _check_max_tokens(max_tokens)
-    params = SamplingParams(temperature=temp, seed=seed)
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed)
     check_backend(backend)
     output = from_options(json_schema, grammar)
     ref, options, _ = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type,
-                                memory_budget=memory_, threads=threads, verbose=verbose,
-                                offline=offline, gpu_layers=gpu_layers)
+                                memory_budget=memory_, threads=threads,
+                                verbose=engine_log(verbose), offline=offline,
+                                gpu_layers=gpu_layers)
     loaded = open_ref(ref, backend=backend, offline=offline, options=options)
-    chat_repl.repl(loaded, params, system=system, limits=Limits(max_tokens), verbose=verbose,
-                   use_cache=not no_cache, output=output,
+    chat_repl.repl(loaded, params, system=system, limits=Limits(max_tokens, tuple(stop)),
+                   verbose=verbose > 0, use_cache=not no_cache, output=output, raw=raw,
                    grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                           gpu_layers=parse_gpu_layers(gpu_layers),
                                           options=options))

@@ -12,8 +12,9 @@ import typer
 
 from localinfer.backends import LoadOptions
 from localinfer.cli import console
-from localinfer.cli.options import (MAX_CTX, backend_option, ctx_option, gpu_layers_option,
-                                    json_option, offline_option, open_model, threads_option)
+from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, ctx_option, draft_option,
+                                    gpu_layers_option, json_option, model_argument,
+                                    offline_option, open_model, threads_option)
 from localinfer.errors import UsageError
 from localinfer.units import human_size
 
@@ -22,9 +23,6 @@ if TYPE_CHECKING:
     from localinfer.fit.memory import Estimate
     from localinfer.quant.jobs import Job
     from localinfer.quant.quantize import QuantPlan
-
-MODEL_HELP = "Catalogue name[:QUANT] or a .gguf path."
-
 
 def register(app: typer.Typer) -> None:
     app.command()(bench)
@@ -35,21 +33,28 @@ def register(app: typer.Typer) -> None:
 
 # -- bench ----------------------------------------------------------------------------------------
 def bench(
-    model: str = typer.Argument(..., help=MODEL_HELP),
+    model: str = model_argument(),
     n_prompt: int = typer.Option(512, "--prompt-tokens", "-p", min=1, max=MAX_CTX // 2,
-                                 help="Prefill length."),
-    n_gen: int = typer.Option(128, "--gen-tokens", "-n", min=2, max=MAX_CTX // 2,
-                              help="Tokens to decode."),
-    repetitions: int = typer.Option(5, "--repetitions", "-r", min=1, help="Runs per test."),
-    threads: int = threads_option(),
-    backend: str = backend_option(),
-    offline: bool = offline_option(),
+                                 metavar="N", help="Prefill length (as llama-bench -p)."),
+    n_gen: int = typer.Option(128, "--gen-tokens", "-n", min=2, max=MAX_CTX // 2, metavar="N",
+                              help="Tokens to decode (as llama-bench -n)."),
+    repetitions: int = typer.Option(5, "--repetitions", "-r", min=1, metavar="N",
+                                    help="Runs per test (as llama-bench -r)."),
+    draft: str = draft_option("none", "Speculative decoding, as run's --draft: none (default) "
+                              "measures the plain decode llama-bench measures; a drafter "
+                              "(MODEL|auto|lookup|self) is measured against it, side by side."),
     as_json: bool = json_option(),
-    draft: str = typer.Option("none", "--draft", help="Also measure speculative decoding with this "
-                              "drafter (MODEL|auto|lookup|self) against plain, side by side."),
+    backend: str = backend_option(),
+    threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    offline: bool = offline_option(),
 ) -> None:
-    """Measure prefill and decode speed and time to first token."""
+    """Measure prefill and decode speed and time to first token.
+
+    \b
+    localinfer bench smollm2 -r 3
+    localinfer bench smollm2 --draft lookup
+    """
     from localinfer.cli.gpu import offload_facts, say_offload
     from localinfer.measure import bench as speed
     from localinfer.engine.prompt import LONG_PROMPT_TOKENS
@@ -104,21 +109,29 @@ def _bench_speculation(loaded: LoadedModel, draft: str, *, n_gen: int, repetitio
 
 # -- quantize -------------------------------------------------------------------------------------
 def quantize_cmd(
-    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path to quantize from."),
-    qtype: str = typer.Option(..., "--type", help="Target type: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, "
-                              "IQ4_XS, Q3_K_M, Q2_K, IQ2_XXS, F16, BF16, F32, ..."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
+    model: str = model_argument("Catalogue name[:QUANT], hf: reference or a .gguf path to "
+                                "quantize from."),
+    qtype: str = typer.Option(..., "--type", metavar="TYPE", help="Target type: Q8_0, Q6_K, "
+                              "Q5_K_M, Q4_K_M, Q4_0, IQ4_XS, Q3_K_M, Q2_K, IQ2_XXS, F16, BF16, "
+                              "F32, ..."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="Write here instead of the model store."),
-    imatrix: Optional[Path] = typer.Option(None, "--imatrix", help="Importance matrix (IQ1/IQ2 need one)."),
+    imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE",
+                                           help="Importance matrix (IQ1/IQ2 need one)."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize",
                                           help="Quantize an already quantized model (loses quality)."),
-    threads: int = threads_option("Threads; 0 = all hardware threads."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the exact size and memory; write nothing."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
-    offline: bool = offline_option("Never download the source."),
     as_json: bool = json_option("With --dry-run: print JSON."),
+    threads: int = threads_option(),
+    offline: bool = offline_option("Never download the source."),
 ) -> None:
-    """Quantize a model with llama.cpp's quantizer; the result lands in the store as NAME:TYPE."""
+    """Quantize a model with llama.cpp's quantizer; the result lands in the store as NAME:TYPE.
+
+    \b
+    localinfer quantize smollm2 --type Q4_K_M --dry-run
+    localinfer quantize model-F16.gguf --type Q5_K_M -o model-Q5_K_M.gguf
+    """
     from localinfer.quant import jobs
     job = jobs.prepare(model, qtype, output, offline=offline, progress=console.interactive(),
                        notify=console.note)
@@ -170,19 +183,27 @@ def describe_estimate(e: Estimate) -> str:
 
 # -- eval and frontier ---------------------------------------------------------------------------
 def eval_cmd(
-    model: str = typer.Argument(..., help="Catalogue name[:QUANT] or a .gguf path to measure."),
-    reference: Optional[str] = typer.Option(None, "--reference", "-r", help="A higher-precision "
-                                            "variant of the same model: adds mean KL and top-1 agreement."),
-    text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to score (default: chapters "
-                                        "I-III of Alice's Adventures in Wonderland)."),
+    model: str = model_argument("Catalogue name[:QUANT], hf: reference or a .gguf path to "
+                                "measure."),
+    reference: Optional[str] = typer.Option(None, "--reference", metavar="MODEL",
+                                            help="A higher-precision variant of the same model: "
+                                            "adds mean KL and top-1 agreement."),
+    text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to "
+                                        "score (default: chapters I-III of Alice's Adventures "
+                                        "in Wonderland)."),
     ctx: int = ctx_option(512, 16, "Chunk length, as llama-perplexity -c."),
-    chunks: int = typer.Option(0, "--chunks", min=0, help="Score at most this many chunks; 0 = all."),
-    threads: int = threads_option(),
-    backend: str = backend_option(),
-    offline: bool = offline_option(),
+    chunks: int = typer.Option(0, "--chunks", min=0, metavar="N",
+                               help="Score at most this many chunks; 0 = all."),
     as_json: bool = json_option(),
+    backend: str = backend_option(),
+    threads: int = threads_option(),
+    offline: bool = offline_option(),
 ) -> None:
-    """Perplexity over a text; with --reference, mean KL divergence and top-1 agreement too."""
+    """Perplexity over a text; with --reference, mean KL divergence and top-1 agreement too.
+
+    \b
+    localinfer eval gemma-Q4_0.gguf --reference gemma-F16.gguf --chunks 2
+    """
     from localinfer.measure import quality
     words = quality.read_text(text)
     options = LoadOptions(n_ctx=ctx, n_threads=threads, n_batch=ctx)
@@ -213,18 +234,25 @@ def eval_cmd(
 
 
 def frontier_cmd(
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    types: list[str] = typer.Option([], "--types", help="Types to compare (repeatable; default: "
-                                    "Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0 Q3_K_M Q2_K)."),
+    model: str = model_argument(),
+    types: list[str] = typer.Option([], "--types", metavar="TYPES", help="Types to compare "
+                                    "(comma-separated or repeated; default: Q8_0 Q6_K Q5_K_M "
+                                    "Q4_K_M Q4_0 Q3_K_M Q2_K)."),
     ctx: int = ctx_option(512, 16, "Chunk length for the quality measures."),
-    chunks: int = typer.Option(4, "--chunks", min=1, help="Chunks of the default text to score."),
+    chunks: int = typer.Option(4, "--chunks", min=1, metavar="N",
+                               help="Chunks of the default text to score."),
+    as_json: bool = json_option(),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", rich_help_panel=OUTPUT,
+                                        help="Also draw quality against speed and size into this "
+                                        "PNG file."),
     threads: int = threads_option(),
     offline: bool = offline_option(),
-    as_json: bool = json_option(),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw quality against speed and "
-                                        "size into this PNG file."),
 ) -> None:
-    """Quantize to several types and measure size, memory, speed and quality; mark the frontier."""
+    """Quantize to several types and measure size, memory, speed and quality; mark the frontier.
+
+    \b
+    localinfer frontier smollm2 --types Q8_0,Q4_K_M,Q4_0 --plot frontier.png
+    """
     from localinfer import settings
     from localinfer.measure import frontier
     from localinfer.quant import jobs, quantize

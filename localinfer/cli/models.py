@@ -8,7 +8,7 @@ import sys
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import json_option
+from localinfer.cli.options import json_option, model_argument
 from localinfer.errors import UsageError
 from localinfer.models import refs
 from localinfer.units import human_size
@@ -22,9 +22,14 @@ def register(app: typer.Typer) -> None:
     app.command()(devices)
 
 
-def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT], or "
-                                   "hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf.")) -> None:
-    """Download a model into the store (tries each source in order)."""
+def pull(model: str = model_argument("Catalogue name or alias[:QUANT], hf:OWNER/REPO[:QUANT] "
+                                      "or hf:OWNER/REPO/FILE.gguf.")) -> None:
+    """Download a model into the store (tries each source in order).
+
+    \b
+    localinfer pull gemma3-270m
+    localinfer pull hf:OWNER/REPO:Q4_K_M
+    """
     from localinfer.models import fetch, hub
     from localinfer.speculate import choose
     _, cat, store = refs.context()
@@ -47,7 +52,12 @@ def pull(model: str = typer.Argument(..., help="Catalogue name or alias[:QUANT],
 def list_models(
     catalogue_: bool = typer.Option(False, "--catalogue", help="All models that can be pulled."),
 ) -> None:
-    """Models on disk (or the whole catalogue with --catalogue)."""
+    """Models on disk (or the whole catalogue with --catalogue).
+
+    \b
+    localinfer list
+    localinfer list --catalogue
+    """
     _, cat, store = refs.context()
     if catalogue_:
         rows = [[spec.name, ", ".join(spec.variants), spec.parameters, spec.kind,
@@ -69,9 +79,15 @@ def _shown_name(store, name: str) -> str:
     return f"hf:{repo}" if repo else name
 
 
-def rm(model: str = typer.Argument(..., help="NAME (every quant) or NAME:QUANT; hf:OWNER/REPO"
+def rm(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
+                                   help="NAME (every quant) or NAME:QUANT; hf:OWNER/REPO"
                                    "[:QUANT] for a model from the Hub.")) -> None:
-    """Delete a model from the store."""
+    """Delete a model from the store.
+
+    \b
+    localinfer rm gemma-3-270m
+    localinfer rm smollm2:Q3_K_S
+    """
     from localinfer.models import hub, store_sweep
     _, cat, store = refs.context()
     if hub.is_hub_ref(model):
@@ -101,11 +117,15 @@ def _hub_target(model: str, store) -> tuple[str, str]:
 
 
 def info(
-    model: str = typer.Argument(..., help="Catalogue name[:QUANT], hf:OWNER/REPO[:QUANT] or a "
-                                "path to a .gguf file."),
+    model: str = model_argument(),
     as_json: bool = json_option(),
 ) -> None:
-    """Facts about a model: architecture, size, layers, heads, vocabulary, tensor types."""
+    """Facts about a model: architecture, size, layers, heads, vocabulary, tensor types.
+
+    \b
+    localinfer info gemma-3-270m
+    localinfer info model.gguf --json
+    """
     from localinfer.cli import info as model_info
     _, cat, store = refs.context()
     facts = model_info.describe(refs.parse_ref(model, cat), store)
@@ -113,8 +133,14 @@ def info(
 
 
 def devices(as_json: bool = json_option()) -> None:
-    """This machine's CPU, memory and accelerators (each device llama.cpp reports, with its free
-    and total memory), and the backend `run` would choose."""
+    """This machine's CPU, memory and accelerators, and the backend `run` would choose.
+
+    Each device llama.cpp and ONNX Runtime report, with its free and total memory.
+
+    \b
+    localinfer devices
+    localinfer devices --json
+    """
     from localinfer.fit import machine
     _show_devices(machine.detect(), as_json=as_json)
 

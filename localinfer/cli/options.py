@@ -56,7 +56,8 @@ SERVER = "Server"
 
 def verbose_option(help_text: str = "-v: timings and stats on stderr; -vv: the engine's log too."):
     """-v counts: 1 is our stats block, 2 (or --debug) adds llama.cpp's own log."""
-    return typer.Option(0, "--verbose", "-v", count=True, help=help_text, rich_help_panel=OUTPUT)
+    return typer.Option(0, "--verbose", "-v", count=True, help=help_text, rich_help_panel=OUTPUT,
+                        show_default=False, metavar="")
 
 
 def engine_log(verbose: int) -> bool:
@@ -66,26 +67,112 @@ def engine_log(verbose: int) -> bool:
 
 
 def backend_option():
-    return typer.Option("auto", "--backend", help=f"Inference backend: {'|'.join(BACKEND_CHOICES)}.")
+    return typer.Option("auto", "--backend", metavar="NAME", rich_help_panel=BACKEND,
+                        help=f"Inference backend: {'|'.join(BACKEND_CHOICES)}.")
 
 
 def quant_option():
-    return typer.Option("auto", "--quant", "-q", help="Variant to run; auto = the most precise one "
-                        "that fits the memory budget (quantized here if none does).")
+    return typer.Option("auto", "--quant", "-q", metavar="QUANT", rich_help_panel=CONTEXT,
+                        help="Variant to run; auto = the most precise one that fits the memory "
+                        "budget (quantized here if none does).")
 
 
 def memory_option():
-    return typer.Option(None, "--memory", help="Memory budget, e.g. 6GB (default: available RAM "
-                        "minus headroom).")
+    return typer.Option(None, "--memory", metavar="SIZE", rich_help_panel=CONTEXT,
+                        help="Memory budget, e.g. 6GB (default: available RAM minus headroom).")
 
 
 def kv_type_option():
-    return typer.Option(None, "--kv-type", help="KV cache: f16, q8_0 or q4_0 (default f16; q8_0 "
-                        "when that is what fits).")
+    return typer.Option(None, "--kv-type", metavar="TYPE", rich_help_panel=CONTEXT,
+                        help="KV cache: f16, q8_0 or q4_0 (default f16; q8_0 when that is what "
+                        "fits).")
 
 
-def threads_option(help_text: str = "CPU threads; 0 = physical cores."):
-    return typer.Option(0, "--threads", "-t", callback=check_threads, help=help_text)
+def threads_option():
+    return typer.Option(0, "--threads", "-t", callback=check_threads, metavar="N",
+                        rich_help_panel=BACKEND, help="CPU threads; 0 = one per physical core "
+                        "this process may use.")
+
+
+# -- sampling: one definition each, the same defaults on every command that samples ---------------
+def temp_option():
+    return typer.Option(0.8, "--temp", min=0.0, metavar="FLOAT", rich_help_panel=SAMPLING,
+                        help="Temperature; 0 is greedy and deterministic.")
+
+
+def top_k_option():
+    return typer.Option(40, "--top-k", min=0, metavar="K", rich_help_panel=SAMPLING,
+                        help="Keep the k most likely tokens; 0 = off.")
+
+
+def top_p_option():
+    return typer.Option(0.95, "--top-p", min=0.0, max=1.0, metavar="P", rich_help_panel=SAMPLING,
+                        help="Nucleus: keep the most likely tokens up to this mass (0-1).")
+
+
+def min_p_option():
+    return typer.Option(0.05, "--min-p", min=0.0, max=1.0, metavar="P", rich_help_panel=SAMPLING,
+                        help="Drop tokens below this fraction of the top probability (0-1).")
+
+
+def repeat_penalty_option():
+    return typer.Option(1.0, "--repeat-penalty", min=0.0, metavar="FLOAT",
+                        rich_help_panel=SAMPLING, help="Penalty for recently seen tokens; 1 = off.")
+
+
+def seed_option(help_text: str = "Random seed; -1 (or none) draws a new one each run."):
+    return typer.Option(None, "--seed", metavar="N", rich_help_panel=SAMPLING, help=help_text)
+
+
+def max_tokens_option(default: int = -1, help_text: str = "Stop after this many tokens; -1 = "
+                      "until the model ends."):
+    return typer.Option(default, "--max-tokens", "-n", min=-1, metavar="N",
+                        rich_help_panel=SAMPLING, help=help_text)
+
+
+def stop_option():
+    return typer.Option([], "--stop", metavar="TEXT", rich_help_panel=SAMPLING,
+                        help="Stop at this string (repeatable).")
+
+
+def system_option(help_text: str = "System message for chat models."):
+    return typer.Option(None, "--system", "-s", metavar="TEXT", help=help_text)
+
+
+def raw_option(help_text: str = "Send the prompt as is, without the chat template."):
+    return typer.Option(False, "--raw", help=help_text)
+
+
+def no_cache_option():
+    return typer.Option(False, "--no-cache", rich_help_panel=CONTEXT,
+                        help="Neither use nor fill the prompt cache.")
+
+
+def json_schema_option(help_text: str = "Answer with one JSON document valid against this JSON "
+                       "schema (a file, or inline JSON); decoding is constrained token by token."):
+    return typer.Option(None, "--json-schema", metavar="SCHEMA", rich_help_panel=OUTPUT,
+                        help=help_text)
+
+
+def grammar_option(help_text: str = "Constrain the answer to this GBNF grammar file "
+                   "(llama.cpp's grammar format)."):
+    return typer.Option(None, "--grammar", metavar="FILE", rich_help_panel=OUTPUT, help=help_text)
+
+
+def draft_option(default: str = "auto", help_text: str = "Speculative decoding: a draft MODEL, "
+                 "auto (catalogue draft if on disk, else lookup), lookup, self, none."):
+    return typer.Option(default, "--draft", metavar="DRAFTER", rich_help_panel=SPECULATION,
+                        help=help_text)
+
+
+def draft_max_option():
+    return typer.Option(8, "--draft-max", min=0, metavar="N", rich_help_panel=SPECULATION,
+                        help="Most tokens drafted per round (adaptive below it); 0 = none.")
+
+
+def model_argument(help_text: str = "Catalogue name or alias[:QUANT], hf:OWNER/REPO[:QUANT], "
+                   "hf:OWNER/REPO/FILE.gguf, or a path to a .gguf file."):
+    return typer.Argument(..., metavar="MODEL", show_default=False, help=help_text)
 
 
 def check_threads(value: int) -> int:
@@ -97,8 +184,8 @@ def check_threads(value: int) -> int:
 
 
 def gpu_layers_option():
-    return typer.Option("auto", "--gpu-layers", callback=check_gpu_layers,
-                        help="Layers on the GPU: auto (as many as its free memory holds), N "
+    return typer.Option("auto", "--gpu-layers", callback=check_gpu_layers, metavar="N",
+                        rich_help_panel=BACKEND, help="Layers on the GPU: auto (as many as its free memory holds), N "
                         "(more than the model has = all), or 0 (CPU only).")
 
 
@@ -119,15 +206,16 @@ def parse_gpu_layers(value: str) -> int | None:
 
 
 def ctx_option(default: int, minimum: int, help_text: str):
-    return typer.Option(default, "--ctx", "-c", min=minimum, max=MAX_CTX, help=help_text)
+    return typer.Option(default, "--ctx", "-c", min=minimum, max=MAX_CTX, metavar="TOKENS",
+                        rich_help_panel=CONTEXT, help=help_text)
 
 
-def offline_option(help_text: str = "Never download."):
-    return typer.Option(False, "--offline", help=help_text)
+def offline_option(help_text: str = "Never download; fail if the model is not on disk."):
+    return typer.Option(False, "--offline", rich_help_panel=BACKEND, help=help_text)
 
 
 def json_option(help_text: str = "Print JSON."):
-    return typer.Option(False, "--json", help=help_text)
+    return typer.Option(False, "--json", rich_help_panel=OUTPUT, help=help_text)
 
 
 def check_backend(backend: str) -> None:

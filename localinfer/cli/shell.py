@@ -306,11 +306,15 @@ def _finish(generation: Generation, loaded: LoadedModel, pieces: list[str], *,
 
 
 def format_stats(stats, loaded: LoadedModel) -> str:
+    """The -v block, one figure a line as Ollama's --verbose prints them: what a user feels first
+    (time to first token) apart from the rates (prefill, decode)."""
     cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
-    return (f"{loaded.ref.display} on {loaded.backend} · load {stats.load_s:.2f} s · "
-            f"prompt {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
-            f"prefill {stats.prefill_tps:.1f} t/s · decode {stats.decode_tps:.1f} t/s · "
-            f"{stats.generated_tokens} tokens ({stats.finish_reason})")
+    return (f"model: {loaded.ref.display} on {loaded.backend}\n"
+            f"load: {stats.load_s:.2f} s\n"
+            f"prompt: {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
+            f"prefill {stats.prefill_tps:.1f} t/s\n"
+            f"reply: {stats.generated_tokens} tokens · decode {stats.decode_tps:.1f} t/s "
+            f"({stats.finish_reason})")
 
 
 def _stdin_limit(limit: int | None) -> int:

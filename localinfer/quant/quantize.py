@@ -237,6 +237,7 @@ def check_imatrix(imatrix: Imatrix, header: Header) -> None:
 def _write(src: Path, dst: Path, qtype: str, *, threads: int, allow_requantize: bool,
            imatrix: Imatrix | None, progress: Progress | None, quantized: list[str]) -> None:
     from localinfer.backends import llama_quantize
+    from localinfer.backends.llama_cpp import default_threads
     tmp = temp_path(dst)       # a leftover of a killed run is swept by store_sweep
 
     def on_line(line: str) -> None:
@@ -245,7 +246,9 @@ def _write(src: Path, dst: Path, qtype: str, *, threads: int, allow_requantize: 
             progress(int(match.group(1)), int(match.group(2)), match.group(3))
 
     call = llama_quantize.QuantizeCall(
-        src, tmp, QUANT_TYPES[qtype], threads=threads, allow_requantize=allow_requantize,
+        # 0 is run's meaning (a thread per physical core we may use), not llama.cpp's (every
+        # hardware thread); the file written is the same either way.
+        src, tmp, QUANT_TYPES[qtype], threads=threads or default_threads(), allow_requantize=allow_requantize,
         imatrix=imatrix.data if imatrix else None, kv_overrides=_extra_kv(imatrix))
     try:
         llama_quantize.quantize(call, on_line)

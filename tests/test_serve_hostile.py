@@ -90,7 +90,7 @@ def serving(*args: str):
         s = start(*args, tmp=Path(tmp))
         yield s
         s.stop()
-        assert "Traceback" not in s.log()
+        assert "Traceback" not in s.log() and "ASGI callable" not in s.log()
 
 
 @pytest.fixture(scope="module")
@@ -295,13 +295,17 @@ def test_a_streamed_bad_body_is_refused_before_the_stream(server, first_answer):
 
 
 def test_other_endpoints_and_methods_answer_in_json(server, first_answer):
-    for path, method in [("/v1/nothing", "GET"), ("/v1/chat/completions", "GET"),
-                         ("/health", "POST"), ("/v1/models", "DELETE")]:
+    for path, method, status in [("/v1/nothing", "GET", 404), ("/v1/chat/completions", "GET", 405),
+                                 ("/health", "POST", 405), ("/v1/models", "DELETE", 405),
+                                 ("/" + "x" * 5000, "GET", 404), ("/v1/%0a%1b[31m", "PUT", 404)]:
         request = urllib.request.Request(server.url + path, method=method, data=b"" if
                                          method == "POST" else None)
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(request, timeout=30)
-        assert 400 <= e.value.code < 500
+        raw = e.value.read()
+        assert e.value.code == status, raw
+        assert_openai_error(status, e.value.headers["content-type"], json.loads(raw))
+        assert len(raw) < 1000          # the path is named, within bounds
     _after(server, first_answer)
 
 
@@ -703,7 +707,7 @@ def test_a_failed_job_is_a_400_when_its_grammar_failed_and_a_500_otherwise():
     async def streamed():
         events = asyncio.Queue()
         events.put_nowait(None)
-        return [e["data"] async for e in reply.stream(events)]
+        return [data async for data in reply.stream(events)]
     chunks = asyncio.run(streamed())
     assert "[DONE]" not in chunks and json.loads(chunks[-1])["error"]["param"] == "response_format"
     engine = Job([1, 2], dead_end, Limits(4), error="the model failed: llama_decode failed")

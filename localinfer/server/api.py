@@ -7,6 +7,10 @@ A request's own failure ends that request alone: a grammar that allows no token 
 is a 400 (the schema asked for what this model cannot spell), an engine failure a 500; the next
 request is served as the first was. A client that disconnects cancels its job, streamed or not:
 a non-streamed handler watches the connection while it waits, since Starlette does not cancel it.
+A stop asked for (Served.close, from server/listen.py) cancels every job under way and ends its
+reply at once and whole: a 503, or a stream's error event, so that the client knows the answer is
+cut and uvicorn finds every response complete. Any other path is a 404, another method a 405, both
+in OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -15,21 +19,27 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from localinfer.engine.scheduler import Job
-from localinfer.server import guard
-from localinfer.server.requests import BODY_SECONDS, BadRequest, Prepared, error, prepare, read_body
+from localinfer.server import access, guard
+from localinfer.server.requests import (BODY_SECONDS, BadRequest, Defaults, Prepared, error,
+                                        prepare, read_body)
 
 _FINISH = {"stop": "stop", "length": "length", "context": "length"}
+_CLOSING = object()         # in a request's events: the server is stopping
+_SHUTTING_DOWN = "the server is shutting down; the answer was cut short"
+# Server-sent events straight to the client: no proxy buffering, no cached copy.
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass
@@ -43,6 +53,15 @@ class Served:
     port: int = 0
     log: Callable[[str], None] = print      # one line per server fault
     body_seconds: float = BODY_SECONDS
+    defaults: Defaults = field(default_factory=Defaults)    # for what a request leaves out
+    request_log: Callable[[str], None] | None = None        # one line per request (serve -v)
+    # the events of the requests under way, for close()
+    under_way: set[asyncio.Queue] = field(default_factory=set, init=False, repr=False)
+
+    def close(self) -> None:
+        """The server is stopping (in its event loop): every answer under way ends now."""
+        for events in self.under_way:
+            events.put_nowait(_CLOSING)
 
 
 def make_app(served: Served, cors: str | None = None):
@@ -66,16 +85,39 @@ def make_app(served: Served, cors: str | None = None):
     app = Starlette(routes=[Route("/health", health), Route("/v1/models", models),
                             Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/v1/completions", completions, methods=["POST"])],
-                    middleware=middleware, exception_handlers={Exception: guard.internal_error})
-    return guard.guarded(app, key=served.api_key, hosts=served.hosts, port=served.port,
-                         log=served.log)
+                    middleware=middleware,
+                    exception_handlers={Exception: guard.internal_error, 404: _not_found,
+                                        405: _not_allowed})
+    app = guard.guarded(app, key=served.api_key, hosts=served.hosts, port=served.port,
+                        log=served.log)
+    return access.logged(app, served.request_log) if served.request_log else app
+
+
+_PATHS = "/v1/chat/completions, /v1/completions, /v1/models and /health"
+
+
+async def _not_found(request: Request, exc: HTTPException) -> JSONResponse:
+    return error(f"no such endpoint: {request.method} {_shown(request)}; this server has "
+                 f"{_PATHS}", 404, code="unknown_url")
+
+
+async def _not_allowed(request: Request, exc: HTTPException) -> JSONResponse:
+    allow = (exc.headers or {}).get("Allow", "")
+    return error(f"{request.method} is not allowed on {_shown(request)}; use {allow}", 405,
+                 code="method_not_allowed", headers=exc.headers)
+
+
+def _shown(request: Request) -> str:
+    path = request.url.path
+    return path if len(path) <= access.MAX_PATH else path[:access.MAX_PATH] + "…"
 
 
 async def _complete(served: Served, request: Request, *, chat: bool):
     try:
         raw = await read_body(request, seconds=served.body_seconds)
         prepared = await asyncio.to_thread(prepare, raw, served.session, served.names,
-                                           served.request_ctx, chat=chat)
+                                           served.request_ctx, chat=chat,
+                                           defaults=served.defaults)
     except BadRequest as e:
         return e.response()
     if served.worker.error is not None:
@@ -86,22 +128,54 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     if not served.worker.submit(job, lambda j: _hand_over(loop, events, None)):
         return error("too many requests are waiting; try again shortly", 429,
                      headers={"Retry-After": "1"})
+    if (entry := access.record(request.scope)) is not None:
+        entry.model, entry.job = served.names[0], job
     reply = _Reply(served.names[0], chat, prepared, served.log)
+    served.under_way.add(events)
     if prepared.stream:
-        from sse_starlette.sse import EventSourceResponse
-        return EventSourceResponse(reply.stream(events))
-    await _answered(request, events, job)
+        return _EventStream(reply, events, served.under_way)
+    try:
+        if not await _answered(request, events, job):
+            return error(_SHUTTING_DOWN, 503, code="server_shutting_down")
+    finally:
+        served.under_way.discard(events)
     return reply.failure() or JSONResponse(reply.whole())
 
 
-async def _answered(request: Request, events: asyncio.Queue, job: Job) -> None:
-    """Until the scheduler is done with the job; a client that leaves meanwhile cancels it (its
-    sequence is freed before the next step, and then the scheduler says it is done)."""
+class _EventStream(StreamingResponse):
+    """The answer as server-sent events. However the response ends (the answer whole, the client
+    gone, even before the first event, or the server stopping) its job ends with it."""
+
+    def __init__(self, reply: _Reply, events: asyncio.Queue, under_way: set) -> None:
+        super().__init__(_framed(reply.stream(events)), media_type="text/event-stream",
+                         headers=_SSE_HEADERS)
+        self.job, self.events, self.under_way = reply.job, events, under_way
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.under_way.discard(self.events)
+            self.job.cancelled = True       # done already, or nobody is left to read it
+
+
+async def _framed(stream):
+    async for data in stream:
+        yield f"data: {data}\n\n"
+
+
+async def _answered(request: Request, events: asyncio.Queue, job: Job) -> bool:
+    """Until the scheduler is done with the job (True), or the server stops (False: the job is
+    cancelled); a client that leaves meanwhile cancels it (its sequence is freed before the next
+    step, and then the scheduler says it is done)."""
     watch = asyncio.create_task(_until_gone(request, job))
     try:
-        while await events.get() is not None:
-            pass
-    except asyncio.CancelledError:        # the server is shutting down
+        while (item := await events.get()) is not None:
+            if item is _CLOSING:
+                job.cancelled = True
+                return False
+        return True
+    except asyncio.CancelledError:        # uvicorn gave up waiting for it
         job.cancelled = True
         raise
     finally:
@@ -177,18 +251,19 @@ class _Reply:
         return json.dumps(body)
 
     async def stream(self, events: asyncio.Queue):
-        try:
-            if self.chat:
-                yield {"data": json.dumps(self._envelope(
-                    {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))}
-            while (text := await events.get()) is not None:
-                yield {"data": self._piece(text, None)}
-            failed = self.failure()
-            if failed is not None:          # the stream has begun: an error event, as OpenAI's
-                yield {"data": failed.body.decode()}
-                return
-            yield {"data": self._piece(None, self._finish())}
-            yield {"data": "[DONE]"}
-        finally:
-            if self.job.stats.finish_reason == "":     # the client left mid-answer
+        """The data of each server-sent event."""
+        if self.chat:
+            yield json.dumps(self._envelope(
+                {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
+        while (text := await events.get()) is not None:
+            if text is _CLOSING:        # cut short, and said so: an error event, as below
                 self.job.cancelled = True
+                yield error(_SHUTTING_DOWN, 503, code="server_shutting_down").body.decode()
+                return
+            yield self._piece(text, None)
+        failed = self.failure()
+        if failed is not None:          # the stream has begun: an error event, as OpenAI's
+            yield failed.body.decode()
+            return
+        yield self._piece(None, self._finish())
+        yield "[DONE]"

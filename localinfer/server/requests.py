@@ -6,6 +6,8 @@ JSON object of bounded size and nesting with no lone UTF-16 surrogate in it (Pyt
 documents (numbers compared exactly: a 400-digit integer is out of range, not an OverflowError),
 n = 1, a bounded number of messages and a prompt that fits what a request may use. The parse and
 the job's making (template, tokens, a schema's grammar) run in a worker thread, off the event loop.
+What a request leaves out (or sends as null) takes the server's defaults: `serve`'s sampling
+options, and its --system for a chat that has no system message.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from starlette.requests import ClientDisconnect, Request
@@ -48,10 +50,19 @@ class BadRequest(Exception):
 
 
 def error(message: str, status: int, *, param=None, code=None, headers=None) -> JSONResponse:
-    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error",
-            500: "server_error"}.get(status, "invalid_request_error")
+    kind = "server_error" if status >= 500 else {
+        401: "authentication_error", 403: "permission_error",
+        429: "rate_limit_error"}.get(status, "invalid_request_error")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
                                    "code": code}}, status_code=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that does not say gets: the server's sampling and system message."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    system: str | None = None
 
 
 @dataclass
@@ -138,12 +149,12 @@ def _check_values(body) -> None:
 
 
 def prepare(raw: bytes, session, names: tuple[str, ...], request_ctx: int, *,
-            chat: bool) -> Prepared:
+            chat: bool, defaults: Defaults = Defaults()) -> Prepared:
     """The job a body asks for (run in a thread: template, tokens and grammar take time)."""
     body = parse(raw)
     check_model(body, names)
     try:
-        return _prepare(body, session, request_ctx, chat=chat)
+        return _prepare(body, session, request_ctx, chat=chat, defaults=defaults)
     except ModelLoadError as e:         # the chat template refused or failed on these messages
         raise BadRequest(f"the chat template cannot render these messages: "
                          f"{str(e).removesuffix(_TEMPLATE_ADVICE)}", "messages") from None
@@ -160,18 +171,19 @@ def check_model(body: dict, names: tuple[str, ...]) -> None:
                          f"'{names[0]}'", "model", status=404, code="model_not_found")
 
 
-def _prepare(body: dict, session, request_ctx: int, *, chat: bool) -> Prepared:
+def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
+             defaults: Defaults) -> Prepared:
     if _number(body, "n", int, 1, 1, 128) != 1:
         raise BadRequest("only n = 1 is supported", "n")
     most = body.get("max_completion_tokens", body.get("max_tokens"))
     limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1, 1, 10**7)
-    params = _sampling(body)
+    params = _sampling(body, defaults.params)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", "stream")
     stops = _stops(body.get("stop"))
     schema = _response_schema(body.get("response_format"))
-    tokens = _tokens(body, session, chat=chat)
+    tokens = _tokens(body, session, chat=chat, system=defaults.system)
     if len(tokens) >= request_ctx:
         raise BadRequest(f"the prompt is {len(tokens):,} tokens; a request here may use "
                          f"{request_ctx:,}", "messages" if chat else "prompt",
@@ -181,11 +193,13 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool) -> Prepared:
     return Prepared(Job(tokens, sampler, Limits(limit, stops)), stream, constrained)
 
 
-def _tokens(body: dict, session, *, chat: bool) -> list[int]:
+def _tokens(body: dict, session, *, chat: bool, system: str | None = None) -> list[int]:
     if chat:
         messages = _messages(body.get("messages"))
         if not uses_chat_template(session, False):
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
+        if system is not None and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": system}, *messages]
         return chat_tokens(session, messages)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -193,15 +207,24 @@ def _tokens(body: dict, session, *, chat: bool) -> list[int]:
     return raw_tokens(session, prompt)
 
 
-def _sampling(body: dict) -> SamplingParams:
-    """OpenAI's temperature, top_p and seed. top_p 0 keeps only the most likely token, as
-    llama.cpp's top-p sampler does (it always keeps one), which is greedy decoding."""
-    temperature = _number(body, "temperature", float, 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", float, 1.0, 0.0, 1.0)
+def _sampling(body: dict, server: SamplingParams) -> SamplingParams:
+    """OpenAI's temperature, top_p and seed, and llama-server's top_k, min_p and repeat_penalty;
+    the server's own for any left out. top_p 0 keeps only the most likely token, as llama.cpp's
+    top-p sampler does (it always keeps one), which is greedy decoding."""
+    temperature = _number(body, "temperature", float, server.temperature, 0.0, 2.0)
+    top_p = _number(body, "top_p", float, server.top_p, 0.0, 1.0)
     if top_p == 0:
         temperature, top_p = 0.0, 1.0
-    return SamplingParams(temperature=temperature, top_p=top_p,
-                          seed=_number(body, "seed", int, None, -1, 2**63 - 1))
+    min_p = _number(body, "min_p", float, server.min_p, 0.0, 1.0)
+    penalty = _number(body, "repeat_penalty", float, server.repeat_penalty, 0.0, 100.0)
+    if min_p == 1:              # open ends, which _number's closed ranges cannot say
+        raise BadRequest("'min_p' must be a number from 0 to below 1", "min_p")
+    if penalty == 0:
+        raise BadRequest("'repeat_penalty' must be a number above 0 (1 is off)", "repeat_penalty")
+    return SamplingParams(temperature=temperature, top_p=top_p, min_p=min_p,
+                          top_k=_number(body, "top_k", int, server.top_k, 0, 2**31 - 1),
+                          repeat_penalty=penalty, repeat_last_n=server.repeat_last_n,
+                          seed=_number(body, "seed", int, server.seed, -1, 2**63 - 1))
 
 
 def _response_schema(response_format) -> dict | None:
@@ -261,9 +284,9 @@ def _messages(messages) -> list[dict[str, str]]:
 def _number(body: dict, key: str, kind, default, low, high):
     """body[key] within [low, high] (an int for kind int); compared exactly, never converted
     first: float() of a 400-digit integer overflows."""
-    value = body.get(key, default)
-    if value is None or value is default:
-        return value
+    value = body.get(key)
+    if value is None:           # left out, or null: OpenAI's fields are nullable
+        return default
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
     if ok and kind is int and isinstance(value, float):
         ok = value.is_integer()

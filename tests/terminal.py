@@ -4,6 +4,7 @@ as help layout, progress bars, dimmed notes and the interactive chat."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -30,3 +31,11 @@ def run(*args: str, **kwargs) -> tuple[str, int]:
     output = child.read()
     child.close()
     return output, child.exitstatus if child.exitstatus is not None else 128 + child.signalstatus
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def plain(screen: str) -> str:
+    """What the terminal showed as text: colours, styles and cursor moves dropped, CRLF as LF."""
+    return _ESCAPES.sub("", screen).replace("\r\n", "\n")

@@ -27,3 +27,8 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} GB"
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """'1 entry', '2 entries', '1,024 tokens': a count with its noun agreeing."""
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"

@@ -21,6 +21,7 @@ from localinfer.cli.options import (CONTEXT, OUTPUT, ctx_option, engine_log, fit
                                     system_option, temp_option, threads_option, top_k_option,
                                     top_p_option, verbose_option)
 from localinfer.errors import EXIT_RUNTIME, LocalinferError, UsageError
+from localinfer.units import counted
 
 PLACEHOLDER = "{}"
 
@@ -91,7 +92,7 @@ def map_lines(
     finally:
         batch.close()
     if printer.failed:
-        console.warn(f"{printer.failed} of {printer.count} lines failed")
+        console.warn(f"{printer.failed} of {counted(printer.count, 'line')} failed")
     if feed.error:              # the lines before it are answered; the rest is not read
         raise feed.error
     if printer.failed:

@@ -9,7 +9,7 @@ import typer
 
 from localinfer import settings
 from localinfer.cli import console
-from localinfer.units import human_size
+from localinfer.units import counted, human_size
 
 # prompt_cache (and its numpy) is imported by each command: this module is loaded for every
 # `localinfer` invocation, because the main app registers it as a sub-command.
@@ -49,7 +49,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     if as_json:
         typer.echo(json.dumps(record))
         return
-    typer.echo(f"{use.entries} entries · {use.tokens} tokens · {human_size(use.bytes)} "
+    typer.echo(f"{counted(use.entries, 'entry', 'entries')} · {counted(use.tokens, 'token')} · {human_size(use.bytes)} "
                f"of {human_size(cap)} · {conf.prompt_cache_dir}")
 
 
@@ -58,7 +58,7 @@ def clear() -> None:
     """Delete every entry."""
     from localinfer.cache import prompt_cache
     gone = prompt_cache.clear(settings.load().prompt_cache_dir)
-    console.note(f"removed {gone.entries} entries ({human_size(gone.bytes)})")
+    console.note(f"removed {counted(gone.entries, 'entry', 'entries')} ({human_size(gone.bytes)})")
 
 
 def _ago(when: float) -> str:

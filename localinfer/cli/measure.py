@@ -16,7 +16,7 @@ from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, ctx_option,
                                     gpu_layers_option, json_option, model_argument,
                                     offline_option, open_model, threads_option)
 from localinfer.errors import UsageError
-from localinfer.units import human_size
+from localinfer.units import counted, human_size
 
 if TYPE_CHECKING:
     from localinfer.engine.load import LoadedModel
@@ -75,7 +75,7 @@ def bench(
         sys.stdout.write(json.dumps(result) + "\n")
         return
     console.note(f"{result['model']} on {result['backend']}, {result['threads']} threads, "
-                 f"{result['repetitions']} runs (median, min–max)")
+                 f"{counted(result['repetitions'], 'run')} (median, min–max)")
     say_offload(loaded)
     rows = []
     for label, key, unit in ((f"prefill pp{result['n_prompt']}", "prefill_tps", "t/s"),
@@ -99,7 +99,7 @@ def _bench_speculation(loaded: LoadedModel, draft: str, *, n_gen: int, repetitio
         sys.stdout.write(json.dumps(result) + "\n")
         return
     console.note(f"{result['model']}: speculation with {result['drafter']} vs plain, greedy, "
-                 f"{result['repetitions']} alternating runs (medians), verify chunk ≤ "
+                 f"{counted(result['repetitions'], 'alternating run')} (medians), verify chunk ≤ "
                  f"{result['verify_chunk']}")
     rows = [[name, f"{r['plain_tps']:.1f}", f"{r['speculative_tps']:.1f}", f"{r['ratio']:.2f}x",
              f"{r['accepted']}/{r['drafted']}", "yes" if r["identical_greedy_output"] else "NO"]
@@ -224,7 +224,7 @@ def eval_cmd(
         sys.stdout.write(json.dumps(record) + "\n")
         return
     rows = [["model", record["model"]], ["text", record["text"]],
-            ["tokens scored", f"{result.tokens_scored} in {result.chunks} chunks of {ctx}"],
+            ["tokens scored", f"{result.tokens_scored:,} in {counted(result.chunks, 'chunk')} of {ctx}"],
             ["perplexity", f"{result.perplexity:.4f}"]]
     if ref is not None:
         rows += [["reference", record["reference"]], ["mean KL", f"{result.mean_kl:.5f} nats/token"],

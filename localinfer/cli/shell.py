@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from localinfer.cli import console
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.units import human_size
+from localinfer.units import counted, human_size
 
 if TYPE_CHECKING:
     from localinfer.engine.decode import Generation
@@ -311,9 +311,9 @@ def format_stats(stats, loaded: LoadedModel) -> str:
     cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
     return (f"model: {loaded.ref.display} on {loaded.backend}\n"
             f"load: {stats.load_s:.2f} s\n"
-            f"prompt: {stats.prompt_tokens} tokens{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
+            f"prompt: {counted(stats.prompt_tokens, 'token')}{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
             f"prefill {stats.prefill_tps:.1f} t/s\n"
-            f"reply: {stats.generated_tokens} tokens · decode {stats.decode_tps:.1f} t/s "
+            f"reply: {counted(stats.generated_tokens, 'token')} · decode {stats.decode_tps:.1f} t/s "
             f"({stats.finish_reason})")
 
 

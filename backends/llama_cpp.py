@@ -19,7 +19,7 @@ import numpy as np
 from localinfer.backends import Backend, LoadOptions, context_length
 from localinfer.backends.llama_devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama_kv import kv_cache_types, kv_label
-from localinfer.backends.llama_threads import attach_shared_pool
+from localinfer.backends.llama_threads import attach_shared_pool, default_threads
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.models.gguf_checks import check_model
 
@@ -370,19 +370,6 @@ class LlamaCppSession(GGUFVocabulary):
             self.close()
         except Exception:
             pass
-
-
-def default_threads() -> int:
-    """One thread per physical core, as llama-bench does (hyper-threads slow matrix work down), and
-    never more than the CPUs this process may run on: in a container or under `taskset` a thread
-    beyond them spin-waits for a CPU at every step (20-60x slower, cli/options.py)."""
-    import os
-
-    import psutil
-    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        cores = min(cores, len(os.sched_getaffinity(0)) or 1)
-    return cores
 
 
 def _is_available() -> bool:

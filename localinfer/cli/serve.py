@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, SAMPLING, SERVER, ctx_option,
-                                    engine_log, gpu_layers_option, kv_type_option, memory_option,
-                                    offline_option, quant_option, threads_option, verbose_option)
+from localinfer.cli.options import (CONTEXT, SERVER, ctx_option, engine_log, gpu_layers_option,
+                                    kv_type_option, memory_option, min_p_option, offline_option,
+                                    quant_option, repeat_penalty_option, seed_option,
+                                    system_option, temp_option, threads_option, top_k_option,
+                                    top_p_option, verbose_option)
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -29,34 +31,17 @@ def register(app: typer.Typer) -> None:
     app.command()(serve)
 
 
-def _in(panel: str, option, metavar: str | None = None):
-    """A shared option (cli/options.py) shown in `panel` of --help, under `metavar` ("" for a
-    flag that takes no value). Its range, if any, is checked by hand: Typer prints min and max
-    as `N [0<=x<=16777216]` in --help."""
-    option.rich_help_panel = panel
-    if metavar is not None:
-        option.metavar = metavar
-    if option.min is not None or option.max is not None:
-        low, high, name = option.min, option.max, option.param_decls[0]
-        option.min = option.max = None
-        option.callback = lambda value: _within(value, name, low, high)
-    return option
-
-
 def serve(
     model: str = typer.Argument(DEFAULT_MODEL, metavar="MODEL", help="Catalogue name or "
                                 "alias[:QUANT], hf:OWNER/REPO[:QUANT], or a .gguf path."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", metavar="TEXT",
-                                         help="System message for chat requests that have none."),
+    system: Optional[str] = system_option("System message for chat requests that have none."),
     host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", rich_help_panel=SERVER,
                              help="Address to listen on; any other than loopback needs --api-key."),
-    port: int = typer.Option(8080, "--port", metavar="PORT", callback=lambda v: _within(
-        v, "--port", 1, 65535), rich_help_panel=SERVER, help="Port to listen on."),
-    parallel: int = typer.Option(4, "--parallel", "-P", metavar="N", rich_help_panel=SERVER,
-                                 callback=lambda v: _within(v, "--parallel", 1, 63),
-                                 help="Requests decoded together (1 to 63)."),
-    queue: int = typer.Option(64, "--queue", metavar="N", rich_help_panel=SERVER,
-                              callback=lambda v: _within(v, "--queue", 0, None),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, metavar="PORT",
+                             rich_help_panel=SERVER, help="Port to listen on (1-65535)."),
+    parallel: int = typer.Option(4, "--parallel", "-P", min=1, max=63, metavar="N",
+                                 rich_help_panel=SERVER, help="Requests decoded together (1-63)."),
+    queue: int = typer.Option(64, "--queue", min=0, metavar="N", rich_help_panel=SERVER,
                               help="Requests that may wait for a free slot; beyond them, 429."),
     api_key: Optional[str] = typer.Option(None, "--api-key", metavar="KEY", rich_help_panel=SERVER,
                                           help=f"Bearer token every endpoint but /health "
@@ -67,43 +52,34 @@ def serve(
                                             rich_help_panel=SERVER, help="Host names answered "
                                             "besides the loopback names and --host "
                                             "(comma-separated or repeated; * for any)."),
-    request_timeout: float = typer.Option(30.0, "--request-timeout", metavar="SECONDS",
-                                          rich_help_panel=SERVER, callback=lambda v: _within(
-                                              v, "--request-timeout", 0.1, 3600),
+    request_timeout: float = typer.Option(30.0, "--request-timeout", min=0.1, max=3600,
+                                          metavar="SECONDS", rich_help_panel=SERVER,
                                           help="Seconds a client has to send a request's "
-                                          "headers, and again its body (0.1 to 3600)."),
-    temp: float = typer.Option(0.8, "--temp", metavar="FLOAT", rich_help_panel=SAMPLING,
-                               help="Temperature; 0 is greedy. Like every sampling option, the "
-                               "default for requests that do not set it."),
-    top_k: int = typer.Option(40, "--top-k", metavar="N", rich_help_panel=SAMPLING,
-                              help="Keep the k most likely tokens; 0 = off."),
-    top_p: float = typer.Option(0.95, "--top-p", metavar="FLOAT", rich_help_panel=SAMPLING,
-                                help="Nucleus mass, above 0 up to 1 (1 = off)."),
-    min_p: float = typer.Option(0.05, "--min-p", metavar="FLOAT", rich_help_panel=SAMPLING,
-                                help="Drop tokens below this fraction of the top probability."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", metavar="FLOAT",
-                                         rich_help_panel=SAMPLING,
-                                         help="Penalty for recently seen tokens; 1 = off."),
-    seed: Optional[int] = typer.Option(None, "--seed", metavar="N", rich_help_panel=SAMPLING,
-                                       help="Seed of every request that sets none (the same "
-                                       "request then gets the same answer); -1 or none given: "
-                                       "a new draw each request."),
-    ctx: int = _in(CONTEXT, ctx_option(0, 0, "Context the requests share, one of them may use "
-                                       "it all; 0 = the model's trained context, as far as the "
-                                       "memory budget allows."), "N"),
-    memory_: Optional[str] = _in(CONTEXT, memory_option(), "SIZE"),
-    kv_type: Optional[str] = _in(CONTEXT, kv_type_option(), "TYPE"),
+                                          "headers, and again its body (0.1-3600)."),
+    temp: float = temp_option(),
+    top_k: int = top_k_option(),
+    top_p: float = top_p_option(),
+    min_p: float = min_p_option(),
+    repeat_penalty: float = repeat_penalty_option(),
+    seed: Optional[int] = seed_option("Seed of every request that sets none (the same request "
+                                      "then gets the same answer); -1 or none: a new draw each "
+                                      "request."),
+    ctx: int = ctx_option(0, 0, "Context the requests share, one of them may use it all; 0 = "
+                          "the model's trained context, as far as the memory budget allows."),
+    quant: str = quant_option(),
+    memory_: Optional[str] = memory_option(),
+    kv_type: Optional[str] = kv_type_option(),
     no_cache: bool = typer.Option(False, "--no-cache", rich_help_panel=CONTEXT,
                                   help="Do not restore prompts from the prompt cache."),
-    quant: str = _in(BACKEND, quant_option(), "QUANT"),
-    threads: int = _in(BACKEND, threads_option(), "N"),
-    gpu_layers: str = _in(BACKEND, gpu_layers_option(), "N"),
-    offline: bool = _in(BACKEND, offline_option("Never download; fail if not on disk.")),
-    verbose: int = _in(OUTPUT, verbose_option("-v: one line per request on stderr (method, path, "
-                                              "status, model, tokens, seconds); -vv: the "
-                                              "engine's log too."), ""),
+    threads: int = threads_option(),
+    gpu_layers: str = gpu_layers_option(),
+    offline: bool = offline_option(),
+    verbose: int = verbose_option("-v: one line per request on stderr (method, path, status, "
+                                  "model, tokens, seconds); -vv: the engine's log too."),
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models).
+
+    The sampling options and --system are the defaults of requests that do not set their own.
 
     \b
     Examples:
@@ -167,15 +143,6 @@ def _defaults(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalt
     from localinfer.engine.sampling import SamplingParams
     return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
-
-
-def _within(value, name: str, low, high):
-    """A range checked by hand: Typer's min/max would print `<integer range> [1<=x<=65535]`
-    for a metavar in --help."""
-    if (low is not None and value < low) or (high is not None and value > high):
-        bound = f"from {low} to {high}" if high is not None else f"{low} or more"
-        raise typer.BadParameter(f"must be {bound}, not {value}", param_hint=name)
-    return value
 
 
 def _url_host(host: str) -> str:

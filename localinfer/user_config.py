@@ -116,10 +116,10 @@ def _read_bounded(path: Path) -> bytes | None:
         if e.errno == errno.ENOTDIR:        # a file where the config folder should be
             return None
         raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):      # a folder, a pipe, a device
+        os.close(fd)
+        raise ConfigError(f"{path} is not a regular file; make it one, or remove it")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{path} is not a regular file; make it one, or remove it")
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise ConfigError(f"{path} is over {MAX_BYTES // 1024} KB; a defaults file needs a few "

@@ -167,21 +167,20 @@ def names_of(model: str) -> list[str]:
             found = []      # the command itself says what is wrong with the name
     else:
         name, _, quant = typed.partition(":")
-        found = [*_catalogue_names(name, quant), name]
+        canonical = _catalogue_names(name)
+        found = [*canonical, name, *([f"{canonical[0]}:{quant}"] if canonical and quant else [])]
     return list(reversed(dict.fromkeys(reversed([*found, typed]))))
 
 
-def _catalogue_names(name: str, quant: str) -> list[str]:
-    """The catalogue name and aliases of the model `name` names (NAME:QUANT too with a quant)."""
+def _catalogue_names(name: str) -> list[str]:
+    """The catalogue name, then the aliases, of the model `name` names; none for another name."""
     from localinfer.errors import LocalinferError
     from localinfer.models import catalogue
     try:
         spec = catalogue.load(settings.load().user_catalogue).get(name)
     except (LocalinferError, OSError):
         return []       # the command itself says what is wrong with the catalogue
-    if spec is None:
-        return []
-    return [spec.name, *spec.aliases, *([f"{spec.name}:{quant}"] if quant else [])]
+    return [spec.name, *spec.aliases] if spec else []
 
 
 def applied(chosen: dict[str, Setting], command: Command,

@@ -88,8 +88,19 @@ def byte_bar(label: str, total: int | None) -> Iterator[Callable[[int], None] | 
         return
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                TimeRemainingColumn, TransferSpeedColumn)
-    bar = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn(), console=stderr())
+
+    class Speed(TransferSpeedColumn):
+        """rich's recent speed while it runs; once done, the average over the whole pull (rich's
+        last samples may be of its tail only, or too few: pip's cache answers in a blink)."""
+        def render(self, task):
+            if task.finished and task.elapsed:
+                from rich.filesize import decimal
+                from rich.text import Text
+                return Text(f"{decimal(int(task.completed / task.elapsed))}/s",
+                            style="progress.data.speed")
+            return super().render(task)
+    bar = Progress(TextColumn(label), BarColumn(), DownloadColumn(), Speed(),
+                   TimeRemainingColumn(elapsed_when_finished=True), console=stderr())
     with bar:
         task = bar.add_task("", total=total)
         try:

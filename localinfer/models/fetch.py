@@ -286,13 +286,15 @@ def _run_watched(cmd: list[str], seen: Callable[[int], None]) -> subprocess.Comp
     env = {**os.environ, "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
+    most = 0        # pip deletes its download once the wheel is copied: progress never goes back
     try:
         while True:
             try:
                 out, _ = proc.communicate(timeout=_POLL_S)
                 return subprocess.CompletedProcess(cmd, proc.returncode, out)
             except subprocess.TimeoutExpired:
-                seen(_bytes_under(tmp))
+                most = max(most, _bytes_under(tmp))
+                seen(most)
     finally:
         if proc.poll() is None:       # interrupted: pip goes with us
             proc.kill()

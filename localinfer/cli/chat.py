@@ -10,13 +10,13 @@ the oldest turns go.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from localinfer import settings
 from localinfer.cache import prompt_cache
-from localinfer.cli import console, shell
+from localinfer.cli import chat_input, console, shell
 from localinfer.engine import chat_window
 from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits
@@ -31,19 +31,22 @@ from localinfer.models import safe_files
 # A history is for recalling recent lines, not an archive: this many, from at most this many bytes.
 HISTORY_ENTRIES = 1000
 HISTORY_BYTES = 1 << 20
-HELP = "commands: /exit, /clear (forget the conversation), /system TEXT (set the system message)"
 # The model loaded again with a context for this many tokens, or None when it cannot grow.
 Grow = Callable[[LoadedModel, int], "LoadedModel | None"]
 
 
 @dataclass
 class _Chat:
-    """The model and KV cache a conversation runs on; both change when the context grows."""
+    """The conversation, and the model and KV cache it runs on (both change when the context
+    grows)."""
 
     loaded: LoadedModel
     cache: KVCache
     use_cache: bool
     grow: Grow | None
+    system: str | None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    raw: bool = False          # --raw: each message sent as is, without the chat template
 
     def grow_to(self, need: int) -> None:
         before = self.loaded.session.n_ctx
@@ -59,89 +62,124 @@ class _Chat:
 
 def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, limits: Limits,
          verbose: bool = False, use_cache: bool = True, grow: Grow | None = None,
-         output: OutputFormat | None = None) -> None:
+         output: OutputFormat | None = None, raw: bool = False) -> None:
     """The chat loop; `grow` (None: the context is fixed) reloads the model with a larger one;
-    `output` constrains every reply (each starts its grammar afresh)."""
-    sampler = make_sampler(params)      # one random stream for the whole conversation
+    `output` constrains every reply (each starts its grammar afresh); `raw` sends each message
+    as is, as a model without a chat template gets it."""
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
     history_file = _setup_readline()
     chat = _Chat(loaded, KVCache(session, prompt_cache.open_for(session, enabled=use_cache)),
-                 use_cache, grow)
-    messages: list[dict[str, str]] = []
-    console.note(f"{loaded.ref.display} ready · {HELP}")
+                 use_cache, grow, system, raw=raw)
+    turn = _Turn(make_sampler(params), params, limits, output, verbose)   # one random stream
+    console.note(f"{loaded.ref.display} ready · /help lists the commands; /bye or Ctrl-D leaves")
     if verbose:
         from localinfer.cli.gpu import say_offload
         say_offload(loaded)
-    prompt = ">>> " if console.interactive(sys.stdin) else ""   # no prompts mixed into piped output
-    while True:
+    prompts = console.interactive(sys.stdin)    # no prompts mixed into piped output
+    while (message := _next_message(prompts)) is not None:
+        text = message.text
+        if not message.block and text.strip().startswith("/"):
+            if not _command(chat, text.strip()):
+                break
+        elif text.strip():
+            turn.take(chat, text)
+    _save_history(history_file)
+
+
+def _next_message(prompts: bool) -> chat_input.Message | None:
+    """The user's next message; an empty one after Ctrl-C (which drops what was being typed);
+    None at the end of input."""
+    try:
+        return chat_input.read_message(lambda prompt: shell.chat_line(lambda: input(prompt)),
+                                       prompts=prompts)
+    except chat_input.Unfinished:
+        sys.stderr.write("\n")
+        console.note("the input ended inside a message of several lines; it was not sent")
+        return None
+    except EOFError:
+        sys.stderr.write("\n")
+        return None
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return chat_input.Message("")
+
+
+def _command(chat: _Chat, line: str) -> bool:
+    """Obey a /command; False when it ends the chat."""
+    command, *rest = line.split(None, 1)
+    if command in ("/exit", "/quit", "/bye"):
+        return False
+    if command in ("/help", "/?"):
+        console.note(chat_input.HELP)
+    elif command == "/clear":
+        chat.messages.clear()
+        chat.cache.clear()
+        console.note("conversation cleared")
+    elif command == "/system":
+        chat.system = rest[0].strip() if rest and rest[0].strip() else None
+        chat.messages.clear()
+        console.note("system message set; conversation restarted" if chat.system
+                     else "system message removed; conversation restarted")
+    else:
+        console.note(f"unknown command {command}; /help lists the commands")
+    return True
+
+
+@dataclass
+class _Turn:
+    """How each reply is made: the sampler (one random stream for the whole conversation), the
+    limits and the output format."""
+
+    sampler: Sampler
+    params: SamplingParams
+    limits: Limits
+    output: OutputFormat | None
+    verbose: bool
+
+    def take(self, chat: _Chat, text: str) -> None:
+        """Answer the user's `text`; the exchange joins the conversation as far as it went."""
+        messages = chat.messages
+        messages.append({"role": "user", "content": text})
         try:
-            line = shell.chat_line(lambda: input(prompt))
-        except EOFError:
-            sys.stderr.write("\n")
-            break
-        except KeyboardInterrupt:
-            sys.stderr.write("\n")
-            continue
-        command, _, arg = line.strip().partition(" ")
-        if command in ("/exit", "/quit", "/bye"):
-            break
-        if command == "/clear":
-            messages.clear()
-            chat.cache.clear()
-            console.note("conversation cleared")
-            continue
-        if command == "/system":
-            system = arg.strip() or None
-            messages.clear()
-            console.note("system message set; conversation restarted" if system
-                         else "system message removed; conversation restarted")
-            continue
-        if command.startswith("/"):
-            console.note(f"unknown command {command}; {HELP}")
-            continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line})
-        try:
-            tokens = _fitted_tokens(chat, system, messages, limits)
-            constrained = _constrained(sampler, params, output, chat.loaded)
-            reply, finish = _reply(chat.cache, tokens, constrained, limits, chat.loaded, verbose)
-            problem = incomplete(output, reply, finish) if output else None
+            with chat_input.keys_held(sys.stdin):   # keys typed during the reply stay out of it
+                tokens = _fitted_tokens(chat, self.limits)
+                constrained = _constrained(self.sampler, self.params, self.output, chat.loaded)
+                reply, finish = _reply(chat.cache, tokens, constrained, self.limits, chat.loaded,
+                                       self.verbose)
+            problem = incomplete(self.output, reply, finish) if self.output else None
             if problem:
                 console.error(problem)
         except ContextOverflow as e:
             messages.pop()      # the chat goes on; the user can /clear or ask something shorter
             console.error(f"{e}; /clear starts a new conversation")
-            continue
+            return
         except UsageError as e:     # a message the template cannot keep as text: this one only
             messages.pop()
             console.error(str(e))
-            continue
+            return
         except KeyboardInterrupt:   # Ctrl-C before the reply began: as if it was never asked
             sys.stderr.write("\n")
             messages.pop()
-            continue
+            return
         if finish == "interrupted" and not reply:
             messages.pop()      # nothing came: no empty answer in the conversation
-            continue
+            return
         # An interrupted reply stays as far as it went (as Ollama keeps it): the model sees it.
         messages.append({"role": "assistant", "content": reply})
-    _save_history(history_file)
 
 
 def _conversation(system: str | None, messages: list[dict[str, str]]) -> list[dict[str, str]]:
     return ([{"role": "system", "content": system}] if system else []) + messages
 
 
-def _fitted_tokens(chat: _Chat, system: str | None, messages: list[dict[str, str]],
-                   limits: Limits) -> list[int]:
+def _fitted_tokens(chat: _Chat, limits: Limits) -> list[int]:
     """The prompt for the next reply. When the history outgrows the context, the context grows
     (to hold it and the reply's room) where it can; then the oldest turns go (in place, from
-    `messages`) and the rest is evaluated again."""
-    session = chat.loaded.session
-    if not session.chat_template:
+    the conversation) and the rest is evaluated again."""
+    session, system, messages = chat.loaded.session, chat.system, chat.messages
+    if chat.raw or not session.chat_template:
         return raw_tokens(session, messages[-1]["content"])
     if chat.grow is not None:
         need = len(chat_tokens(session, _conversation(system, messages)))
@@ -203,6 +241,10 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
     reply = "".join(pieces).strip(), generation.stats.finish_reason
     try:
         sys.stdout.write("\n")
+        sys.stdout.flush()
+        cut = _cut_marker(generation.stats.finish_reason, limits, loaded.session.n_ctx)
+        if cut:
+            console.note(cut)
         prompt_cache.persist(cache, notify=console.note if verbose else None)
         if verbose:
             from localinfer.cli.shell import format_stats
@@ -212,6 +254,16 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
     except KeyboardInterrupt:   # a second Ctrl-C skips the cache write (atomic) and the figures
         sys.stderr.write("\n")
     return reply
+
+
+def _cut_marker(finish: str, limits: Limits, n_ctx: int) -> str | None:
+    """A line for stderr when a limit, not the model, ended the reply: stdout shows only text,
+    so without it a cut answer looks like a finished one."""
+    if finish == "length":
+        return f"[answer cut at -n {limits.max_tokens} tokens]"
+    if finish == "context":
+        return f"[answer cut: the context of {n_ctx:,} tokens is full]"
+    return None
 
 
 def _setup_readline() -> Path | None:

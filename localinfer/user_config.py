@@ -89,7 +89,7 @@ def parse(data: bytes, path: Path) -> UserConfig:
         raise ConfigError(f"{path}: {TABLE} must be a table ([{TABLE}]), not {_kind(table)}")
     defaults = _settings({k: v for k, v in table.items() if not isinstance(v, dict)},
                          f"[{TABLE}]", path)
-    models = {name.strip().lower(): _settings(t, f"[{TABLE}.{_key(name)}]", path)
+    models = {name.strip().lower(): _settings(t, f"[{TABLE}.{toml_key(name)}]", path)
               for name, t in table.items() if isinstance(t, dict)}
     return UserConfig(path, defaults, models, tuple(k for k in doc if k != TABLE))
 
@@ -99,8 +99,8 @@ def _settings(table: dict, where: str, path: Path) -> dict[str, Setting]:
     for key, value in table.items():
         name = key.replace("-", "_")
         if name in out:
-            raise ConfigError(f"{path}: {where} sets {out[name].key} twice (as "
-                              f"{out[name].key} and {key}); keep one")
+            raise ConfigError(f"{path}: {where} sets {name} twice (as "
+                              f"{toml_key(out[name].key)} and {toml_key(key)}); keep one")
         out[name] = Setting(key, name, value, where)
     return out
 
@@ -140,7 +140,9 @@ def toml_value(value: object) -> str:
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, str):
         return _basic_string(value)
-    return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)           # an integer, or a date or time (TOML writes them as Python does)
 
 
 def _basic_string(text: str) -> str:
@@ -151,7 +153,7 @@ def _basic_string(text: str) -> str:
     return f'"{out}"'
 
 
-def _key(name: str) -> str:
+def toml_key(name: str) -> str:
     """A key as TOML writes it: bare when it can be, quoted otherwise."""
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _basic_string(name)
 

@@ -91,11 +91,9 @@ def test_defaults_must_be_a_table(tmp_path: Path):
     one_error(run_cli("list", home=home), "config.toml", "defaults must be a table")
 
 
-def test_a_value_out_of_the_running_commands_range_names_the_file(tmp_path: Path):
-    """`serve --temp` takes any number, `run --temp` none below 0: the file passes as a whole, and
-    `run` refuses its value, before any model is looked for (this home has none)."""
+def test_a_value_out_of_the_options_range_names_the_file(tmp_path: Path):
+    """Refused before any model is looked for (this home has none)."""
     home = home_with(tmp_path, "[defaults]\ntemp = -1\n")
-    assert run_cli("list", home=home).returncode == 0
     one_error(run_cli("run", "smollm2", "Hi", "--offline", home=home),
               "config.toml", "[defaults] temp = -1", "range")
 
@@ -200,3 +198,59 @@ def test_a_model_system_message_changes_the_answer(models_home, tmp_path: Path):
     assert told != plain
     assert _answer(home, "-n", "24") == told
     assert _answer(home, "-n", "24", "--system", "") == plain    # an empty one: none at all
+
+
+# -- whatever the file holds ------------------------------------------------------------------------
+def _random_value(rng):
+    import datetime
+    return rng.choice([0, -1, 2.5, 1e309, float("nan"), True, "", "x\ny", "auto", "0.5", [],
+                       ["a", 2], [[1]], {"k": 1}, datetime.date(2024, 1, 2),
+                       datetime.time(7, 32), 10 ** 30, "\u202e", "q" * 300])
+
+
+def _random_document(rng, keys: list[str]) -> str:
+    from localinfer.user_config import toml_key, toml_value
+
+    def table(n: int) -> str:
+        return "".join(f"{toml_key(rng.choice(keys))} = {toml_value(_random_value(rng))}\n"
+                       for _ in range(n))
+    parts = [f"[defaults]\n{table(rng.randrange(4))}"]
+    for name in rng.sample(["smollm2", "smollm2:Q8_0", "hf:a/b", "x.gguf", "a\nb"], 2):
+        parts.append(f"[defaults.{toml_key(name)}]\n{table(rng.randrange(3))}")
+    if rng.random() < 0.2:
+        parts.append(f"[{toml_key(rng.choice(keys))}]\na = 1\n")
+    return "".join(parts)
+
+
+def test_any_document_is_defaults_one_error_line_or_one_warning_line(tmp_path: Path,
+                                                                     monkeypatch, capsys):
+    """Hundreds of documents of odd keys and values, in-process: each gives click defaults it
+    parses `run` with, or one ConfigError line; never another exception, never a second line."""
+    import random
+
+    import typer
+
+    from localinfer.cli.app import app
+    from localinfer.user_config import ConfigError
+    root = typer.main.get_command(app)
+    known = sorted({k for _, c in defaults.commands(root) for k in defaults.options(c)})
+    keys = [*known[:40], "tmep", "", "a b", "top-k", "TOP_K", "defaults"]
+    rng = random.Random(25)
+    monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
+    path = tmp_path / "config" / "config.toml"
+    path.parent.mkdir()
+    args = ["run", "smollm2", "Hi", "-n", "2"]
+    for _ in range(300):
+        path.write_text(_random_document(rng, keys))
+        try:
+            found = defaults.default_map(root, args)
+            ctx = root.make_context("localinfer", list(args), default_map=found)
+            run = root.commands["run"]
+            try:
+                run.make_context("run", args[1:], parent=ctx)
+            except defaults.ClickUsageError as e:
+                defaults.blame(e)
+                raise
+        except ConfigError as e:
+            assert "\n" not in str(e) and str(path) in str(e)
+        assert len(capsys.readouterr().err.splitlines()) <= 1

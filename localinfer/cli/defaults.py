@@ -10,28 +10,33 @@ argument names that model, as typed or by its catalogue name or an alias.
 from __future__ import annotations
 
 import difflib
+import math
 import tomllib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from localinfer import settings, user_config
 from localinfer.cli import console
-from localinfer.user_config import ConfigError, Setting, UserConfig, toml_value
+from localinfer.user_config import ConfigError, Setting, UserConfig, toml_key, toml_value
 
 # typer >= 0.22 parses with its own copy of click (see app.py).
 try:
     from typer._click import Context
     from typer._click.core import ParameterSource
-    from typer._click.types import IntParamType
+    from typer._click.types import BoolParamType, FloatParamType, IntParamType, StringParamType
     from typer._click.exceptions import BadParameter, UsageError as ClickUsageError
 except ImportError:
     from click import Context
     from click.core import ParameterSource
-    from click.types import IntParamType
+    from click.types import BoolParamType, FloatParamType, IntParamType, StringParamType
     from click.exceptions import BadParameter, UsageError as ClickUsageError
 
 Command = Any       # a click command or group (typer's, or click's own)
 Param = Any
+# What an option's value can be in TOML; a date, a time or a table is no option's value.
+_SCALARS = (str, int, float)
+# Types whose check is the value alone (a path's looks at the file system): checked up front.
+_PURE = (BoolParamType, FloatParamType, IntParamType, StringParamType)
 
 # The setting each default of the running command came from, by parameter name: a value click
 # then refuses (a range its callback checks) is blamed on the file, not on the command line.
@@ -200,25 +205,45 @@ def _shown(param: Param) -> bool:
 
 # -- checking the file ----------------------------------------------------------------------------
 def _value(setting: Setting, param: Param, path: str) -> object:
-    """The setting as click takes it for `param`: a list for a repeatable option (one string is
-    a list of one). ConfigError where TOML's types say more than click would check: click reads
-    2.5 as the integer 2 and true as 1."""
+    """The setting as click takes it for `param`: a list for a repeatable option (one value is a
+    list of one). ConfigError where TOML's types say more than click would check (click reads 2.5
+    as the integer 2 and true as 1) or where a value is of no type click can take."""
     value = setting.value
-    if getattr(param, "multiple", False):
-        return [value] if isinstance(value, str) else value
-    problem = None
-    if isinstance(value, (list, dict)):
-        problem = "takes one value, not a list"
-    elif getattr(param, "is_flag", False) and not getattr(param, "count", False):
-        problem = None if isinstance(value, bool) else "must be true or false"
-    elif isinstance(value, bool):
-        problem = "must be a value of the option, not true or false"
-    elif isinstance(value, float) and isinstance(param.type, IntParamType) \
+    many = getattr(param, "multiple", False)
+    if many:
+        values = value if isinstance(value, list) else [value]
+    elif isinstance(value, list):
+        raise ConfigError(_problem(path, setting, "takes one value, not a list"))
+    else:
+        values = [value]
+    out = []
+    for v in values:
+        problem = _type_problem(v, param)
+        if problem:
+            raise ConfigError(_problem(path, setting, problem + (" (or a list of them)"
+                                                                  if many else "")))
+        # A number for a text option (gpu_layers = 12, quant = 8) is its text, as typed.
+        text = isinstance(v, (int, float)) and not isinstance(v, bool) and not _numeric(param)
+        out.append(str(v) if text else v)
+    return out if many else out[0]
+
+
+def _type_problem(value: object, param: Param) -> str | None:
+    """What is wrong with one TOML value for `param`'s type, or None."""
+    if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+        return None if isinstance(value, bool) else "must be true or false"
+    if not isinstance(value, _SCALARS) or isinstance(value, bool):
+        return "must be a number" if _numeric(param) else "must be a string"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(param.type, IntParamType) and isinstance(value, float) \
             and not value.is_integer():
-        problem = "must be a whole number"
-    if problem:
-        raise ConfigError(_problem(path, setting, problem))
-    return value
+        return "must be a whole number"
+    return None
+
+
+def _numeric(param: Param) -> bool:
+    return isinstance(param.type, (IntParamType, FloatParamType))
 
 
 def _check_values(config: UserConfig, every: dict[tuple[str, ...], Command]) -> None:
@@ -230,9 +255,11 @@ def _check_values(config: UserConfig, every: dict[tuple[str, ...], Command]) -> 
             param = options(command).get(setting.name)
             if param is None:
                 continue
+            value = _value(setting, param, str(config.path))
+            if not isinstance(param.type, _PURE):
+                break           # a path: checked when used, from where the command runs
             try:
-                param.type_cast_value(Context(command, info_name=path[-1]),
-                                      _value(setting, param, str(config.path)))
+                param.type_cast_value(Context(command, info_name=path[-1]), value)
                 break
             except BadParameter as e:
                 problem = problem or e.message
@@ -243,8 +270,8 @@ def _check_values(config: UserConfig, every: dict[tuple[str, ...], Command]) -> 
 
 def _warn_unknown(config: UserConfig, every: dict[tuple[str, ...], Command]) -> None:
     known = {key for command in every.values() for key in options(command)}
-    stray = [f"'{s.key}' in {s.table}" for s in config.settings() if s.name not in known]
-    stray += [f"'{key}' at the top level" for key in config.unknown]
+    stray = [f"{_named(s.key)} in {s.table}" for s in config.settings() if s.name not in known]
+    stray += [f"{_named(key)} at the top level" for key in config.unknown]
     if not stray:
         return
     unknown = [s.name for s in config.settings() if s.name not in known]
@@ -268,8 +295,16 @@ def _warn_catalogue_keys(conf: settings.Settings) -> None:
     if stray:
         where = f"; option defaults belong in {conf.user_config}" if "defaults" in stray else ""
         console.warn(f"{path}: unknown key{'s' if len(stray) > 1 else ''} "
-                     f"{', '.join(repr(k) for k in stray)} (ignored{where})")
+                     f"{', '.join(_named(k) for k in stray)} (ignored{where})")
 
 
 def _problem(path: str, setting: Setting, problem: str) -> str:
-    return f"{path}: {setting.table} {setting.key} = {toml_value(setting.value)}: {problem}"
+    value = toml_value(setting.value)
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    return f"{path}: {setting.table} {toml_key(setting.key)} = {shown}: {problem}"
+
+
+def _named(key: str) -> str:
+    """A key for a message: 'bare', or "quoted" as TOML escapes it (never a line break)."""
+    written = toml_key(key)
+    return f"'{key}'" if written == key else written

@@ -87,9 +87,10 @@ def _options() -> dict[str, list[tuple[str, object]]]:
 
 # Defaults that differ by design, each for a reason the help states: map answers many short
 # lines (-n 256, a 2,048-token context each), serve shares one pool, eval and frontier score
-# llama-perplexity's 512-token chunks, and bench measures the plain decode llama-bench measures.
+# llama-perplexity's 512-token chunks (frontier 4 of them for each of its seven types), and bench
+# measures the plain decode llama-bench measures.
 DIFFERENT_DEFAULTS = {"--max-tokens": {"map"}, "--ctx": {"map", "eval", "frontier", "serve"},
-                      "--draft": {"bench"}}
+                      "--draft": {"bench"}, "--chunks": {"frontier"}}
 
 
 def test_an_option_means_one_thing_on_every_command():

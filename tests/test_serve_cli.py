@@ -118,6 +118,19 @@ def test_a_port_in_use_is_one_line_and_exit_1_before_the_model_is_looked_for(tmp
         f"choose another with --port"], refused.stderr
 
 
+@pytest.mark.parametrize("host, words", [
+    ("192.0.2.1", "cannot listen on 192.0.2.1: it is not an address of this machine"),  # TEST-NET-1
+    ("no-such-host.invalid", "the name does not resolve"),
+])
+def test_an_address_that_cannot_be_listened_on_is_one_line_and_exit_1(host, words, tmp_path):
+    refused = run_cli("serve", "no-such-model", "--offline", "--host", host, "--api-key", "k",
+                      home=tmp_path, timeout=60)
+    assert refused.returncode == 1
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("localinfer: error: ")
+    assert words in refused.stderr, refused.stderr
+
+
 @pytest.mark.slow
 def test_a_port_in_use_stops_a_real_model_before_it_loads(models_home):
     with socket.socket() as taken:

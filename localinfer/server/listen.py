@@ -40,8 +40,10 @@ def _why(e: OSError, host: str, port: int) -> str:
                 f"with --port")
     if e.errno == errno.EACCES:
         return f"port {port} on {host} needs privileges this process lacks; choose one above 1023"
-    if e.errno == errno.EADDRNOTAVAIL or isinstance(e, socket.gaierror):
-        return f"cannot listen on {host}: no address of this machine has that name"
+    if isinstance(e, socket.gaierror):
+        return f"cannot listen on {host}: the name does not resolve to an address"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}: it is not an address of this machine"
     return f"cannot listen on {host} port {port}: {e.strerror or e}"
 
 

@@ -59,6 +59,8 @@ def test_a_model_that_is_not_on_disk_or_not_known(tmp_path: Path):
     missing = run_cli("show", "smollm2", home=home)
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr.count("\n") == 1 and "localinfer pull smollm2" in missing.stderr
+    hub = run_cli("show", "hf:owner/repo", home=home)
+    assert hub.returncode == 1 and "`localinfer pull hf:owner/repo`" in hub.stderr, hub.stderr
     unknown = run_cli("show", "smolm2", "--parameters", home=home)
     assert unknown.returncode == 2 and unknown.stdout == ""
     assert unknown.stderr.count("\n") == 1 and "unknown model" in unknown.stderr

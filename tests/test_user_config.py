@@ -254,3 +254,16 @@ def test_any_document_is_defaults_one_error_line_or_one_warning_line(tmp_path: P
         except ConfigError as e:
             assert "\n" not in str(e) and str(path) in str(e)
         assert len(capsys.readouterr().err.splitlines()) <= 1
+
+
+def test_help_and_version_stay_reachable_with_a_broken_file(tmp_path: Path):
+    home = home_with(tmp_path, '[defaults]\ntemp = "hot"\n')
+    for args in (["--version"], ["run", "--help"]):
+        result = run_cli(*args, home=home)
+        assert result.returncode == 0 and result.stdout, result.stderr
+        assert "config.toml" in result.stderr and "temp" in result.stderr
+
+
+def test_help_shows_the_defaults_of_the_file(tmp_path: Path):
+    shown = run_cli("run", "--help", home=home_with(tmp_path, "[defaults]\ntop-k = 17\n"))
+    assert shown.returncode == 0 and "[default: 17]" in shown.stdout

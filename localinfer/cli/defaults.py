@@ -40,8 +40,9 @@ _PURE = (BoolParamType, FloatParamType, IntParamType, StringParamType)
 
 # The setting each default of the running command came from, by parameter name: a value click
 # then refuses (a range its callback checks) is blamed on the file, not on the command line.
-_origins: dict[str, Setting] = {}
-_config_path = ""
+# Asking for these works whatever the file holds: they are how a user finds out what is wrong.
+_HELP = ("-h", "--help", "-V", "--version")
+_origins: dict[str, tuple[str, Setting]] = {}      # parameter name: (config file, setting)
 
 
 def default_map(root: Command, args: Sequence[str]) -> dict[str, Any] | None:
@@ -50,21 +51,25 @@ def default_map(root: Command, args: Sequence[str]) -> dict[str, Any] | None:
     that cannot be read or a value no option of its name takes."""
     conf = settings.load()
     _warn_catalogue_keys(conf)
-    config = user_config.read(conf.user_config)
-    if config is None:
+    try:
+        config = user_config.read(conf.user_config)
+        if config is None:
+            return None
+        every = dict(commands(root))
+        _warn_unknown(config, every)
+        _check_values(config, every)
+    except ConfigError as e:
+        if not any(a in _HELP for a in args):
+            raise
+        console.warn(f"{e} (ignored for the help)")   # the help must stay reachable
         return None
-    every = dict(commands(root))
-    _warn_unknown(config, every)
-    _check_values(config, every)
     path, command, rest = running(root, args)
     if command is None:
         return None
     names = model_names(command, path[-1], rest) if config.models else []
     values = applied(config.for_model(names), command, str(config.path))
-    global _config_path
-    _config_path = str(config.path)
     _origins.clear()
-    _origins.update({name: setting for name, (_, setting) in values.items()})
+    _origins.update({name: (str(config.path), setting) for name, (_, setting) in values.items()})
     nested: dict[str, Any] = {name: value for name, (value, _) in values.items()}
     for part in reversed(path):
         nested = {part: nested}
@@ -75,10 +80,10 @@ def blame(e: ClickUsageError) -> None:
     """Raise the one line that names config.toml when a value from it is what click refused."""
     if not isinstance(e, BadParameter) or e.ctx is None or e.param is None:
         return
-    setting = _origins.get(e.param.name or "")
-    if setting is None or e.ctx.get_parameter_source(e.param.name) != ParameterSource.DEFAULT_MAP:
+    origin = _origins.get(e.param.name or "")
+    if origin is None or e.ctx.get_parameter_source(e.param.name) != ParameterSource.DEFAULT_MAP:
         return
-    raise ConfigError(_problem(_config_path, setting, e.message)) from None
+    raise ConfigError(_problem(*origin, e.message)) from None
 
 
 def in_force(command: Command, names: Sequence[str]) -> list[tuple[str, object, str]]:
@@ -90,7 +95,10 @@ def in_force(command: Command, names: Sequence[str]) -> list[tuple[str, object, 
     for name, param in options(command).items():
         if param.name in chosen:
             value, setting = chosen[param.name]
-            value = param.type_cast_value(Context(command), value)   # as the command sees it
+            try:
+                value = param.type_cast_value(Context(command), value)  # as the command sees it
+            except BadParameter as e:
+                raise ConfigError(_problem(str(config.path), setting, e.message)) from None
             out.append((name, list(value) if isinstance(value, tuple) else value,
                         f"{config.path.name} {setting.table}"))
         elif _shown(param):

@@ -65,9 +65,13 @@ def show(
 
 def _ref(model: str) -> ModelRef:
     """What `model` names (an unknown name is refused here, close names suggested)."""
+    from localinfer.errors import FetchError
     from localinfer.models import refs
     _, cat, _ = refs.context()
-    return refs.parse_ref(model, cat, offline=True, notify=console.note)
+    try:
+        return refs.parse_ref(model, cat, offline=True, notify=console.note)
+    except FetchError:      # a Hub repository never pulled: its listing is not here either
+        raise LocalinferError(_not_on_disk(model.strip(), model)) from None
 
 
 def _model_file(ref: ModelRef, model: str) -> tuple[str, Path]:
@@ -75,9 +79,12 @@ def _model_file(ref: ModelRef, model: str) -> tuple[str, Path]:
     from localinfer.models import refs
     path = ref.path or refs.model_store().find(ref.spec.name, ref.quant)
     if path is None:
-        raise LocalinferError(f"{ref.display} is not on disk; `localinfer pull {model}` "
-                              "fetches it")
+        raise LocalinferError(_not_on_disk(ref.display, model))
     return ref.display, path
+
+
+def _not_on_disk(display: str, model: str) -> str:
+    return f"{display} is not on disk; `localinfer pull {model.strip()}` fetches it"
 
 
 def _facts(display: str, path: Path, params: list[tuple[str, object, str]],

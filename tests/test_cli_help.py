@@ -152,3 +152,19 @@ def test_verbose_in_chat_is_the_figures_not_the_engine_log(models_home):
     assert result.returncode == 0, result.stderr
     assert "decode" in result.stderr and "t/s" in result.stderr
     assert "llama_" not in result.stderr and "print_info" not in result.stderr
+
+
+def test_ctx_zero_is_automatic_on_every_command(models_home, tmp_path):
+    """`ctx = 0` in config.toml's [defaults] must suit map as it suits run (0: map's 2,048)."""
+    config = tmp_path / "home" / "config"
+    config.mkdir(parents=True)
+    (config / "config.toml").write_text("[defaults]\nctx = 0\ntemp = 0\n")
+    home = tmp_path / "home"
+    (home / "data").mkdir()
+    (home / "data" / "models").symlink_to(models_home / "data" / "models")
+    mapped = run_cli("map", SMOLLM, "Repeat: {}", "-n", "4", "--jsonl", input="hi\n", home=home)
+    assert mapped.returncode == 0, mapped.stderr
+    assert mapped.stdout == run_cli("map", SMOLLM, "Repeat: {}", "-n", "4", "--jsonl",
+                                    "--ctx", "2048", "--temp", "0", input="hi\n").stdout
+    short = run_cli("map", SMOLLM, "{}", "--ctx", "10", input="hi\n")
+    assert short.returncode == 2 and "at least 64" in short.stderr

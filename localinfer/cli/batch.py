@@ -47,7 +47,7 @@ def map_lines(
                                       "from it); -1 (or none) draws a new one each run."),
     max_tokens: int = max_tokens_option(256, "Most tokens an answer takes."),
     stop: list[str] = stop_option(),
-    ctx: int = ctx_option(2048, 64, "Context of each prompt and its answer."),
+    ctx: int = ctx_option(2048, 64, "Context of each prompt and its answer; 0 = 2048."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),

@@ -191,7 +191,7 @@ def eval_cmd(
     text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to "
                                         "score (default: chapters I-III of Alice's Adventures "
                                         "in Wonderland)."),
-    ctx: int = ctx_option(512, 16, "Chunk length, as llama-perplexity -c."),
+    ctx: int = ctx_option(512, 16, "Chunk length, as llama-perplexity -c; 0 = 512."),
     chunks: int = typer.Option(0, "--chunks", min=0, metavar="N",
                                help="Score at most this many chunks; 0 = all."),
     as_json: bool = json_option(),
@@ -238,7 +238,7 @@ def frontier_cmd(
     types: list[str] = typer.Option([], "--types", metavar="TYPES", help="Types to compare "
                                     "(comma-separated or repeated; default: Q8_0 Q6_K Q5_K_M "
                                     "Q4_K_M Q4_0 Q3_K_M Q2_K)."),
-    ctx: int = ctx_option(512, 16, "Chunk length for the quality measures."),
+    ctx: int = ctx_option(512, 16, "Chunk length for the quality measures; 0 = 512."),
     chunks: int = typer.Option(4, "--chunks", min=1, metavar="N",
                                help="Chunks of the default text to score."),
     as_json: bool = json_option(),

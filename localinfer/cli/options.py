@@ -206,8 +206,17 @@ def parse_gpu_layers(value: str) -> int | None:
 
 
 def ctx_option(default: int, minimum: int, help_text: str):
-    return typer.Option(default, "--ctx", "-c", min=minimum, max=MAX_CTX, metavar="TOKENS",
-                        rich_help_panel=CONTEXT, help=help_text)
+    """--ctx: 0 is automatic on every command (what that means is the command's: `default` where
+    it is not 0), so `ctx = 0` in config.toml's [defaults] suits them all; else at least
+    `minimum`."""
+    def check(value: int) -> int:
+        if value == 0:
+            return default
+        if value < minimum:
+            raise typer.BadParameter(f"must be 0 (automatic) or at least {minimum}, not {value}")
+        return value
+    return typer.Option(default, "--ctx", "-c", min=0, max=MAX_CTX, metavar="TOKENS",
+                        callback=check, rich_help_panel=CONTEXT, help=help_text)
 
 
 def offline_option(help_text: str = "Never download; fail if the model is not on disk."):

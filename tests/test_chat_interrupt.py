@@ -292,8 +292,9 @@ def _controlling_terminal() -> None:
 def _turns(stderr: str) -> list[tuple[int, int, str]]:
     """(prompt tokens, generated tokens, why it ended) of each reply, from the -v lines."""
     import re
+    # "prompt: P tokens ...", then "reply: G tokens · ... (why)" on the next line of the block.
     return [(int(p), int(g), why) for p, g, why in
-            re.findall(r"prompt (\d+) tokens.*? (\d+) tokens \((\w+)\)", stderr)]
+            re.findall(r"prompt:? (\d+) tokens.*?(\d+) tokens?[^\n(]*\((\w+)\)", stderr, re.S)]
 
 
 def test_ctrl_c_during_answers_keeps_the_chat_going(smollm_path, tmp_path):
@@ -331,8 +332,10 @@ def test_ctrl_c_during_answers_keeps_the_chat_going(smollm_path, tmp_path):
         "What is the capital of France? Answer in one word.", "/exit"]
     assert history.stat().st_mode & 0o077 == 0
     turns = _turns(output)
-    # A Ctrl-C as the line is sent may come before the line is read: then there is no turn.
-    assert len(turns) >= 6 and turns[-1][2] in ("stop", "length"), output
+    # A Ctrl-C as the line is sent may come before the line is read, and one pressed at once
+    # after its echo before the reply begins (the prompt is still being rendered on a loaded
+    # machine): then there is no turn.
+    assert len(turns) >= 5 and turns[-1][2] in ("stop", "length"), output
     assert sum(why == "interrupted" and n > 0 for _, n, why in turns) >= 2, turns
     # An interrupted answer stays in the conversation as far as it went: the next prompt holds it.
     for (prompt, generated, why), (next_prompt, _, _) in zip(turns, turns[1:]):

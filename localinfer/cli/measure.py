@@ -145,9 +145,11 @@ def quantize_cmd(
     label = f"{job.name}:{job.qtype}" if job.store else str(job.output)
     console.note(f"{label}: {human_size(size)} written to {job.output}")
     # A new quant type batches differently: its first run's exactness probe, made now.
+    from localinfer.fit import auto
+    from localinfer.fit.rules import MIN_CTX
     from localinfer.speculate import choose
-    choose.probe_ahead(job.output, label, notify=console.note if console.interactive() else None,
-                       warn=console.warn)
+    choose.probe_ahead(job.output, label, place=lambda p: auto.place_file(p, n_ctx=MIN_CTX),
+                       notify=console.note if console.interactive() else None, warn=console.warn)
 
 
 def _show_plan(job: Job, plan: QuantPlan, *, ctx_sizes: tuple[int, ...], as_json: bool) -> None:

@@ -30,6 +30,8 @@ def pull(model: str = model_argument("Catalogue name or alias[:QUANT], hf:OWNER/
     localinfer pull gemma3-270m
     localinfer pull hf:OWNER/REPO:Q4_K_M
     """
+    from localinfer.fit import auto
+    from localinfer.fit.rules import MIN_CTX
     from localinfer.models import fetch, hub
     from localinfer.speculate import choose
     _, cat, store = refs.context()
@@ -45,8 +47,8 @@ def pull(model: str = model_argument("Catalogue name or alias[:QUANT], hf:OWNER/
                         download_bar=lambda total: console.byte_bar(ref.display, total))
     console.note(f"{ref.display} is at {path}")
     # The probe a first run would make, made now: the model is on disk, the user is waiting anyway.
-    choose.probe_ahead(path, ref.display, notify=console.note if console.interactive() else None,
-                       warn=console.warn)
+    choose.probe_ahead(path, ref.display, place=lambda p: auto.place_file(p, n_ctx=MIN_CTX),
+                       notify=console.note if console.interactive() else None, warn=console.warn)
 
 
 def list_models(

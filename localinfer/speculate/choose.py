@@ -4,7 +4,7 @@ generation (plain decoding, without a drafter, is `engine.decode.Generation`).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from localinfer import settings
 from localinfer.backends import Grammar, LoadOptions
@@ -109,31 +109,37 @@ def exact_chunk(target: LoadedModel, *, notify: Notify | None = None) -> int:
                                  conf.cache_dir / "exact_batch.json", notify=notify)
 
 
-def probe_ahead(path: Path, shown: str, *, notify: Notify | None, warn: Notify) -> int | None:
+class Placed(Protocol):
+    """Where a run would put the model (fit.rules.Placement has these)."""
+    kv_type: str
+    gpu_layers: int
+
+
+PROBE_CTX = 512     # holds the probe's longest prefix and the cells it views (exactness.py)
+
+
+def probe_ahead(path: Path, shown: str, *, place: Callable[[Path], Placed],
+                notify: Notify | None, warn: Notify) -> int | None:
     """The exactness probe for a model just pulled or quantized, so its first run does not pay it;
     None, and one `warn` line, where it cannot be made (a model llama.cpp cannot load, no backend
-    that decodes it): the model is still there, and a run says what is wrong with it."""
+    that decodes it): the model is still there, and a run says what is wrong with it.
+
+    Loaded as a plain `run` of a short prompt loads it: backend auto, default threads, and the KV
+    type and GPU layers `place` gives (the fit's, which lives above this layer). A run with other
+    options (--kv-type, a long prompt, --threads) has a verdict of its own."""
     try:
-        return _probe_ahead(path, notify)
+        placed = place(path)
+        options = LoadOptions(n_ctx=PROBE_CTX, kv_type=placed.kv_type,
+                              gpu_layers=placed.gpu_layers)
+        ref = refs.ModelRef(display=shown, spec=None, quant=None, path=path)
+        loaded = load_model(ref, path, backend="auto", options=options)
+        try:
+            return exact_chunk(loaded, notify=notify)
+        finally:
+            loaded.session.close()
     except (LocalinferError, OSError, MemoryError) as e:
         warn(f"could not check how {shown} batches for speculative decoding ({e})")
         return None
-
-
-def _probe_ahead(path: Path, notify: Notify | None) -> int:
-    """Loaded as a plain `run` of a short prompt loads it (backend auto, default threads, the
-    placement's KV type and GPU layers), at a context that holds the probe's longest prefix.
-    A run with other options (--kv-type, a long prompt, --threads) has a verdict of its own."""
-    from localinfer.fit import auto
-    from localinfer.fit.rules import MIN_CTX
-    placed = auto.place_file(path, n_ctx=MIN_CTX)
-    options = LoadOptions(n_ctx=MIN_CTX, kv_type=placed.kv_type, gpu_layers=placed.gpu_layers)
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    loaded = load_model(ref, path, backend="auto", options=options)
-    try:
-        return exact_chunk(loaded, notify=notify)
-    finally:
-        loaded.session.close()
 
 
 def speculative(target: LoadedModel, cache: KVCache, prompt: Sequence[int],

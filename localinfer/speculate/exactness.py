@@ -100,7 +100,7 @@ def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Pa
     expected = PROBE_BASE_S + PROBE_S_PER_MB * model_path.stat().st_size / 1e6
     machine = f"{backend}|t{getattr(session, 'n_threads', 0)}"
     if notify is not None:
-        seconds = expected * known["slowdown"].get(machine, 1.0)
+        seconds = expected * (known["slowdown"].get(machine) or _load_factor())
         notify(f"checking once how this model batches, ~{max(1, round(seconds))} s")
     start = time.perf_counter()
     value = probe(session, tokens)
@@ -109,6 +109,15 @@ def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Pa
     known["slowdown"][machine] = (time.perf_counter() - start) / expected
     _write(cache_file, known)
     return value
+
+
+def _load_factor() -> float:
+    """Before this machine has timed a probe: how much busier its CPUs are than when the constants
+    were measured (runnable tasks per CPU; a probe slows down at least as much)."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except (OSError, AttributeError):      # no load average (Windows)
+        return 1.0
 
 
 def long_prefix(session: Session, tokens: Sequence[int]) -> int:

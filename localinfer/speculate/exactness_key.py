@@ -93,8 +93,19 @@ def _libraries(module: str) -> list:
 
 
 def _cpu_flags() -> list[str]:
-    from localinfer.fit.machine import cpu_flags
-    return sorted(cpu_flags())
+    """The CPU's model and feature flags where the system lists them (Linux); elsewhere the
+    processor's name. (fit.machine reads the same, but fit is a layer above this one.)"""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return [platform.processor()]
+    wanted = ("model name", "flags", "Features", "CPU part")
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in wanted:
+            found.setdefault(key.strip(), value.strip())   # the first CPU's; all are alike
+    return [f"{k}: {v}" for k, v in sorted(found.items())]
 
 
 def _file_identity(path: Path) -> list:

@@ -118,8 +118,8 @@ def test_ctrl_c_flushes_text_and_exits_130(models_home):
 def _turn_figures(stderr: str) -> list[tuple[int, int]]:
     """(prompt tokens, cached tokens) of each reply, from the -v lines."""
     import re
-    found = re.findall(r"prompt (\d+) tokens(?: \((\d+) cached\))?", stderr)
-    return [(int(p), int(c or 0)) for p, c in found]
+    found = re.findall(r"prompt: ([\d,]+) tokens?(?: \(([\d,]+) cached\))?", stderr)
+    return [(int(p.replace(",", "")), int((c or "0").replace(",", ""))) for p, c in found]
 
 
 def test_chat_keeps_history_reuses_the_cache_and_obeys_commands(models_home):

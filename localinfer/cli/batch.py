@@ -126,7 +126,7 @@ def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str 
                                 kv_type=kv_type, memory_budget=memory_, threads=threads,
                                 verbose=verbose, offline=offline, gpu_layers=gpu_layers)
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
-                       notify=console.note)
+                       notify=console.note, download_bar=console.download_bar)
     if shared and not ctx:      # the fit above is run's default context; grow it to the trained one
         trained = memory.facts_from_file(path).context_length
         fitted = options.n_ctx or context_length(0, trained)

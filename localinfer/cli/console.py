@@ -79,6 +79,11 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int, str], None] | None]
         yield update
 
 
+def download_bar(total: int | None):
+    """A pull's bar (fetch.DownloadBar) for commands that pull on the way, such as `run`."""
+    return byte_bar("downloading", total)
+
+
 @contextlib.contextmanager
 def byte_bar(label: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
     """A download bar on stderr (size, speed, time left) updated with bytes done, on a terminal;

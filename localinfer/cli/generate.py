@@ -167,7 +167,8 @@ def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, 
     if drafter is None:
         return plain()
     return choose.speculative(loaded, cache, tokens, params, limits, drafter, max_draft=draft_max,
-                              grammar=grammar)
+                              grammar=grammar,
+                              notify=console.note if console.interactive() else None)
 
 
 def _check_complete(output: OutputFormat | None, text: str,

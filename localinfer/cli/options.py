@@ -245,6 +245,7 @@ def fit_model(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_b
     fit = dict(quant=quant, kv_type=kv_type, memory_budget=memory_budget, offline=offline,
                notify=console.note, progress=console.interactive(),
                quantize_bar=lambda: console.progress_bar("quantizing"),
+               download_bar=console.download_bar,
                gpu_layers=_gpu_layers(gpu_layers))
     if request is None:
         chosen, sized = auto.resolve(model, n_ctx=ctx, **fit), None
@@ -275,7 +276,7 @@ def open_ref(ref: refs.ModelRef, *, backend: str, offline: bool, options: LoadOp
 
     from localinfer.engine.load import load_model
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
-                       notify=console.note)
+                       notify=console.note, download_bar=console.download_bar)
     if gpu_layers is not None:
         from localinfer.fit import auto
         placed = auto.place_file(path, n_ctx=options.n_ctx, kv_type=options.kv_type,

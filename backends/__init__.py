@@ -41,7 +41,7 @@ class LoadOptions:
     kv_type: str = "f16"          # KV-cache element type: f16, q8_0 or q4_0
     gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
     long_prompt: bool = False     # the first eval is a long prefill: llama.cpp's 16-bit cache
-                                  # takes f16 K for the tiled attention kernel (llama_kv.py)
+                                  # takes f16 K for the tiled attention kernel (llama/kv.py)
     n_seq: int = 1                # KV sequences in the context (llama_batched: one per request)
 
 
@@ -109,17 +109,17 @@ class Backend:
 
 
 def _llama_cpp() -> Backend:
-    from localinfer.backends import llama_cpp
+    from localinfer.backends.llama import session as llama_cpp
     return llama_cpp.BACKEND
 
 
 def _mlx() -> Backend:
-    from localinfer.backends import mlx_backend
+    from localinfer.backends.mlx import session as mlx_backend
     return mlx_backend.BACKEND
 
 
 def _onnx() -> Backend:
-    from localinfer.backends import onnx_backend
+    from localinfer.backends.onnx import session as onnx_backend
     return onnx_backend.BACKEND
 
 

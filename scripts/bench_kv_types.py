@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends import LoadOptions, llama_cpp
+from localinfer.backends import LoadOptions
+from localinfer.backends.llama import session as llama_cpp
 
 TYPES = {"f32": 0, "f16": 1, "bf16": 30}
 CONFIGS = [("f16", "f16"), ("f16", "bf16"), ("bf16", "f16"), ("bf16", "bf16")]

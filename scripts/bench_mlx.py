@@ -58,7 +58,7 @@ def mlx_lm_decode(path: str, n_gen: int, repetitions: int) -> float:
     from mlx_lm.sample_utils import make_sampler
 
     from localinfer.backends import LoadOptions
-    from localinfer.backends.mlx_backend import MlxSession
+    from localinfer.backends.mlx.session import MlxSession
 
     session = MlxSession(Path(path), LoadOptions(n_ctx=n_gen + 64))
     start_token = session.bos_token if session.bos_token is not None else 0

@@ -66,8 +66,8 @@ def export_cost(model: str) -> dict:
     path = refs.locate(refs.parse_ref(model, catalogue), store, offline=True, progress=False,
                        notify=lambda m: None)
     code = ("import sys, time; from pathlib import Path\n"
-            "from localinfer.models.gguf_header import read_header\n"
-            "from localinfer.backends import onnx_arch, onnx_export\n"
+            "from localinfer.gguf.header import read_header\n"
+            "from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export\n"
             "p = Path(sys.argv[1]); t = time.perf_counter(); h = read_header(p)\n"
             "s = onnx_arch.read_spec(p, h)\n"
             "f, i = onnx_export.ensure_weights(p, h, s, Path(sys.argv[2]))\n"

@@ -87,12 +87,12 @@ def genai_child(folder: str, n_gen: int, repetitions: int) -> None:
 # -- preparing genai's folder ------------------------------------------------------------------------
 def export(model: str, n_prompt: int, n_ctx: int) -> dict:
     """Our export of `model` (made or reused in the store) and what genai's config needs."""
-    from localinfer.backends import onnx_arch, onnx_export, onnx_runner
-    from localinfer.backends.llama_vocab import LlamaVocab
-    from localinfer.backends.onnx_backend import export_root
+    from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export, runner as onnx_runner
+    from localinfer.backends.llama.vocab import LlamaVocab
+    from localinfer.backends.onnx.session import export_root
     from localinfer.measure.bench import _prompt_tokens
     from localinfer.models import refs
-    from localinfer.models.gguf_header import read_header
+    from localinfer.gguf.header import read_header
     _, catalogue, store = refs.context()
     path = refs.locate(refs.parse_ref(model, catalogue), store, offline=True, progress=False,
                        notify=note)
@@ -293,7 +293,7 @@ def main() -> None:
     if not args.models:
         ap.error("name at least one model")
     if not args.threads:            # what `localinfer bench` picks, given to both sides explicitly
-        from localinfer.backends.llama_cpp import default_threads
+        from localinfer.backends.llama.session import default_threads
         args.threads = default_threads()
     python = ensure_venv()
     rounds = [r for m in args.models for r in compare(m, python, args)]

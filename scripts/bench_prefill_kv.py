@@ -18,7 +18,8 @@ from pathlib import Path
 _ONE = """
 import sys, time
 from pathlib import Path
-from localinfer.backends import LoadOptions, llama_cpp
+from localinfer.backends import LoadOptions
+from localinfer.backends.llama import session as llama_cpp
 from localinfer.measure import quality
 model, f16_k, lengths = Path(sys.argv[1]), sys.argv[2] == "f16", [int(n) for n in sys.argv[3:]]
 session = llama_cpp.LlamaCppSession(model, LoadOptions(n_ctx=8192, long_prompt=f16_k))

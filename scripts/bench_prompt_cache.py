@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama_cpp import LlamaCppSession
+from localinfer.backends.llama.session import LlamaCppSession
 from localinfer.cache.prompt_cache import PromptCache
 from localinfer.engine.batching import LAYOUT
 from localinfer.engine.decode import Generation, Limits

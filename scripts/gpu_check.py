@@ -53,8 +53,9 @@ def probe(model: Path | None, n_ctx: int) -> dict:
     """The engine's GPUs; with a model, the fit's estimate of what they hold and what they hold
     after the load. Runs in its own process (`--probe`): the first registry call creates the
     GPU context, which then stays out of the figure, and no other model is loaded there."""
-    from localinfer.backends import LoadOptions, llama_devices
-    from localinfer.backends.llama_cpp import LlamaCppSession, init_engine
+    from localinfer.backends import LoadOptions
+    from localinfer.backends.llama import devices as llama_devices
+    from localinfer.backends.llama.session import LlamaCppSession, init_engine
     from localinfer.fit import memory, rules
     init_engine(False)
     targets = llama_devices.offload_targets(llama_devices.devices())
@@ -75,7 +76,7 @@ def probe(model: Path | None, n_ctx: int) -> dict:
 
 
 def _free(targets) -> int:
-    from localinfer.backends import llama_devices
+    from localinfer.backends.llama import devices as llama_devices
     now = {d.name: d.memory_free for d in llama_devices.read_registry()}
     return sum(now[d.name] for d in targets)
 

@@ -35,7 +35,7 @@ EXIT_FAILED = 1
 
 
 def list_devices() -> list:
-    from localinfer.backends import onnx_devices
+    from localinfer.backends.onnx import devices as onnx_devices
     problems = onnx_devices.register_plugins()
     for name, problem in problems.items():
         print(f"plugin {name}: {problem or 'registered'}", file=sys.stderr)
@@ -54,7 +54,7 @@ def locate(model: str) -> Path:
 
 def npu_for(path: Path, stand_in: bool):
     """(target, verdict text): the NPU that takes the whole graph, or None and why not."""
-    from localinfer.backends import onnx_devices, onnx_npu
+    from localinfer.backends.onnx import devices as onnx_devices, npu as onnx_npu
     if stand_in:
         return onnx_devices.CPU, "the CPU provider standing in (--device cpu)"
     decision = onnx_npu.decide(path)
@@ -64,7 +64,7 @@ def npu_for(path: Path, stand_in: bool):
 def compare_logits(path: Path, target, n_tokens: int) -> dict:
     """Top-1 agreement and mean KL of the device's logits against the CPU provider's."""
     from localinfer.backends import LoadOptions
-    from localinfer.backends.onnx_backend import OnnxOptions, OnnxSession
+    from localinfer.backends.onnx.session import OnnxOptions, OnnxSession
     from localinfer.engine.prompt import with_bos
     from localinfer.measure.quality import default_text
     options = LoadOptions(n_ctx=max(256, n_tokens))

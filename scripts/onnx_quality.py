@@ -63,12 +63,12 @@ def open_session(path: Path, engine: str, n_ctx: int):
     """A fresh session of one engine on the file, with a context that holds all the tokens."""
     options = LoadOptions(n_ctx=n_ctx, n_batch=n_ctx)
     if engine.startswith("llama.cpp"):
-        from localinfer.backends.llama_cpp import LlamaCppSession
+        from localinfer.backends.llama.session import LlamaCppSession
         if engine == "llama.cpp repacked":
             with repacked(path):
                 return LlamaCppSession(path, options)
         return LlamaCppSession(path, options)
-    from localinfer.backends.onnx_backend import OnnxOptions, OnnxSession
+    from localinfer.backends.onnx.session import OnnxOptions, OnnxSession
     return OnnxSession(path, options, OnnxOptions(accuracy=int(engine[-1])))
 
 
@@ -83,8 +83,8 @@ def repacked(path: Path):
     on any x86 CPU. The backend itself keeps AMX CPUs off the extra buffers (llama_devices)."""
     import llama_cpp
 
-    from localinfer.backends import llama_devices
-    from localinfer.models.gguf_header import read_header
+    from localinfer.backends.llama import devices as llama_devices
+    from localinfer.gguf.header import read_header
     api = llama_devices._registry()
     cpu = api.by_type(0)
     listed = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(

@@ -76,14 +76,14 @@ def teacher_forced(run, tokens: list[int], prefill: int) -> tuple[np.ndarray, fl
 
 def onnx_options(args):
     from localinfer.backends import LoadOptions
-    from localinfer.backends.onnx_backend import OnnxOptions
+    from localinfer.backends.onnx.session import OnnxOptions
     return (LoadOptions(n_ctx=args.ctx, n_threads=args.threads),
             OnnxOptions(accuracy=args.accuracy, form="static", prefill_tokens=args.prefill))
 
 
 def cpu_run(model: str, args, work: Path) -> tuple[np.ndarray, float]:
     """A real model: OnnxSession's static graphs, the bundled text."""
-    from localinfer.backends.onnx_backend import OnnxSession
+    from localinfer.backends.onnx.session import OnnxSession
     from localinfer.measure import quality
     s = OnnxSession(locate(model), *onnx_options(args))
     tokens = quality.tokens_for(s, quality.default_text())[:args.tokens]
@@ -101,9 +101,9 @@ def tiny_run(name: str, args, work: Path) -> tuple[np.ndarray, float]:
     """A tiny config: its GGUF and export in work/, the StaticRunner OnnxSession would make."""
     from onnx_tiny import write_tiny
 
-    from localinfer.backends import onnx_arch, onnx_export
-    from localinfer.backends.onnx_backend import _runner
-    from localinfer.models.gguf_header import read_header
+    from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export
+    from localinfer.backends.onnx.session import _runner
+    from localinfer.gguf.header import read_header
     models, tokens = tiny_configs()
     path = write_tiny(work / f"{name}.gguf", *models[name])
     header = read_header(path)

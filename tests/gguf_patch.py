@@ -11,7 +11,7 @@ import mmap
 import struct
 from pathlib import Path
 
-from localinfer.models.gguf_header import _Cursor, read_header
+from localinfer.gguf.header import _Cursor, read_header
 
 # GGUF value types this helper writes: unsigned/signed 32/64-bit integers, float32, bool, string.
 _FORMATS = {4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q"}

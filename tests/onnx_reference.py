@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 
 
 class Float64Model:

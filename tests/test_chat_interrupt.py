@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama_cpp import LlamaCppSession, engine
+from localinfer.backends.llama.session import LlamaCppSession, engine
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import SamplingParams, make_sampler

@@ -35,7 +35,7 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path):
-    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.backends.llama.vocab import LlamaVocab
     vocab = LlamaVocab(smollm_path)
     yield vocab
     vocab.close()

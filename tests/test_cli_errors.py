@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 
 EXIT_RUNTIME, EXIT_USAGE = 1, 2
 FAST = ("--temp", "0", "-n", "8")          # keeps the cases that do load a model quick

@@ -83,7 +83,7 @@ def test_a_fit_on_a_likely_bound_is_checked_against_the_count():
 # -- with the models' own vocabularies ---------------------------------------------------------------
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
 def vocab(request, smollm_path, gemma_path):
-    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.backends.llama.vocab import LlamaVocab
     v = LlamaVocab(smollm_path if request.param == "smollm" else gemma_path)
     yield v
     v.close()
@@ -179,7 +179,7 @@ def test_a_chat_context_grows_by_doubling_up_to_the_trained_context(smollm_path)
 @pytest.fixture(scope="module")
 def documents(tmp_path_factory, smollm_path) -> dict[int, str]:
     """Piped documents of about 2,000, 5,000 and 10,000 SmolLM2 tokens."""
-    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.backends.llama.vocab import LlamaVocab
     v = LlamaVocab(smollm_path)
     try:
         text = _document(60_000)

@@ -71,7 +71,7 @@ def test_default_text_is_shipped():
 def test_perplexity_matches_llama_perplexity(smollm_path: Path):
     # llama-perplexity (same llama.cpp) -c 256 --chunks 2 on the default text: PPL = 16.5029 on an
     # earlier build machine. The same engine and settings gave 16.696 on a later one (other CPU
-    # kernels), and the bf16 K cache (backends/llama_cpp.py) moves it 0.1% more: 2% still fails
+    # kernels), and the bf16 K cache (backends/llama/session.py) moves it 0.1% more: 2% still fails
     # on a scoring bug such as scoring the wrong half of a chunk.
     result = run_cli("eval", str(smollm_path), "--ctx", "256", "--chunks", "2", "--json")
     assert result.returncode == 0, result.stderr

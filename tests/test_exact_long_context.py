@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from test_prompt_cache import _generate, _prompts, _store
 
-from localinfer.backends import LoadOptions, llama_cpp, llama_kv
+from localinfer.backends import LoadOptions
+from localinfer.backends.llama import session as llama_cpp, kv as llama_kv
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel, load_model

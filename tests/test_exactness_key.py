@@ -21,7 +21,7 @@ from test_pull import SMOLLM_PIP, SMOLLM_SHA, SMOLLM_SIZE, write_catalogue
 from localinfer.backends import LoadOptions
 from localinfer.engine.load import load_model
 from localinfer.models import refs
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 from localinfer.quant import quantize
 from localinfer.speculate import exactness
 from localinfer.speculate.exactness_key import model_identity

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localinfer.backends import llama_devices
-from localinfer.backends.llama_devices import Device
+from localinfer.backends.llama import devices as llama_devices
+from localinfer.backends.llama.devices import Device
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.py"

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from localinfer.backends import LoadOptions, llama_devices
-from localinfer.backends.llama_devices import Device, placed_layers
+from localinfer.backends import LoadOptions
+from localinfer.backends.llama import devices as llama_devices
+from localinfer.backends.llama.devices import Device, placed_layers
 from localinfer.fit import gpu, memory, rules
 from conftest import MODELS_HOME, run_cli
 
@@ -202,7 +203,7 @@ def test_a_gpu_with_too_little_free_memory_gets_some_layers(models_home, small_g
                                                             capsys):
     """The placement's count reaches llama.cpp's model parameters; -v and --json say where the
     layers went."""
-    from localinfer.backends import llama_cpp
+    from localinfer.backends.llama import session as llama_cpp
     lib = llama_cpp.engine()
     seen = []
     real_load = lib.llama_model_load_from_file
@@ -229,7 +230,7 @@ def test_a_gpu_with_too_little_free_memory_gets_some_layers(models_home, small_g
 
 @pytest.mark.slow
 def test_gpu_layers_option_reaches_llama_cpp(models_home, smollm_path):
-    from localinfer.backends.llama_cpp import LlamaCppSession
+    from localinfer.backends.llama.session import LlamaCppSession
     session = LlamaCppSession(smollm_path, LoadOptions(n_ctx=512, n_threads=2, gpu_layers=7))
     try:    # a CPU build: llama.cpp has nowhere to put them, and says so through the session
         assert (session.offload.gpu_layers, session.offload.layers) == (0, 31)

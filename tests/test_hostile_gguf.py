@@ -26,8 +26,8 @@ from conftest import MODELS_HOME, run_cli
 
 from localinfer.cli import options as limits
 from localinfer.errors import EXIT_RUNTIME, EXIT_USAGE, ModelLoadError
-from localinfer.models.gguf_checks import check_model
-from localinfer.models.gguf_header import TextInfo, read_header
+from localinfer.gguf.checks import check_model
+from localinfer.gguf.header import TextInfo, read_header
 
 pytestmark = pytest.mark.slow
 
@@ -176,7 +176,7 @@ def test_an_empty_token_counts_under_llamas_name_for_it(smollm_path, tmp_path):
 
 def test_vocabulary_only_load_is_checked_too(smollm_path, tmp_path):
     # The MLX backend tokenizes through llama.cpp's vocabulary-only load, which asserts the same.
-    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.backends.llama.vocab import LlamaVocab
     bad = gp.set_token(smollm_path, tmp_path / "dup.gguf", 6, gp.token_bytes(smollm_path, 5))
     with pytest.raises(ModelLoadError, match="token 6 repeats"):
         LlamaVocab(bad)
@@ -278,7 +278,7 @@ def test_a_context_that_cannot_be_made_is_one_line_not_a_segfault(models_home):
 
 ABORT_IN_ENGINE = """
 import sys
-from localinfer.backends.llama_cpp import engine, init_engine
+from localinfer.backends.llama.session import engine, init_engine
 lib = engine()
 init_engine(False)
 lib.llama_model_load_from_file(sys.argv[1].encode(), lib.llama_model_default_params())

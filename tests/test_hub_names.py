@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from localinfer.errors import ModelLoadError, UsageError
-from localinfer.models import gguf_checks, hub, hub_files
+from localinfer.models import hub, hub_files
+from localinfer.gguf import checks as gguf_checks
 from localinfer.models.catalogue import HubFile
 from localinfer.models.store import Store, is_safe_name
 
@@ -174,7 +175,7 @@ def test_a_damaged_later_part_is_refused(split_parts, tmp_path):
 
 def test_a_header_from_the_first_bytes_of_a_file(smollm_path):
     """What auto-fit reads from the Hub before pulling: a file's start, parsed as its header."""
-    from localinfer.models.gguf_header import parse_start, read_header
+    from localinfer.gguf.header import parse_start, read_header
     size = smollm_path.stat().st_size
     with open(smollm_path, "rb") as f:
         start = f.read(4 << 20)

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "localinfer"
 # Lowest first. A module may import its own package and any package before it; `backends` is the
 # engine boundary (installed as localinfer.backends from ROOT/backends).
-LAYERS = ["errors", "units", "settings", "user_config", "models", "backends", "quant", "engine",
-          "cache", "speculate", "fit", "measure", "server", "cli"]
+LAYERS = ["errors", "units", "settings", "gguf", "user_config", "models", "backends", "quant",
+          "engine", "cache", "speculate", "fit", "measure", "server", "cli"]
 TERMINAL = ("typer", "rich", "click")
 MAX_LINES = 420
 
@@ -23,8 +23,9 @@ def _modules() -> dict[str, Path]:
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)] = path
-    for path in (ROOT / "backends").glob("*.py"):
-        found["backends" if path.stem == "__init__" else f"backends.{path.stem}"] = path
+    for path in (ROOT / "backends").rglob("*.py"):     # one subpackage per engine
+        parts = ("backends", *path.relative_to(ROOT / "backends").with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama_cpp import LlamaCppSession
+from localinfer.backends.llama.session import LlamaCppSession
 
 TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the steps as his father "
         "had done, and lit the lamp before the fishing boats came home across the bay.")

@@ -214,7 +214,7 @@ def test_the_template_prefix_is_what_every_line_shares(request, name, template):
     """Computed from the template and the first line, it is what the prompts of all these lines
     have in common, as the prefix of all prompts was when map read them all first."""
     from localinfer.backends import LoadOptions
-    from localinfer.backends.llama_cpp import LlamaCppSession
+    from localinfer.backends.llama.session import LlamaCppSession
     from localinfer.cli.batch import _Lines, _shared_prefix
     path = request.getfixturevalue("smollm_path" if name == "smollm" else "gemma_path")
     session = LlamaCppSession(path, LoadOptions(n_ctx=256))
@@ -230,7 +230,7 @@ def test_map_evaluates_the_prefix_once(smollm_path, monkeypatch, capsys):
     """Each line's prompt takes the template's prefix from the prefix's sequence: only the rest
     of each prompt is evaluated."""
     from localinfer.backends import LoadOptions
-    from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.backends.llama.batched import SequenceBatch
     from localinfer.cli import batch as mapping
     batch = SequenceBatch(smollm_path, LoadOptions(n_ctx=256 * 2), 3)
     lines = mapping._Lines("Name a fruit that is {}.", GREEDY, Limits(2), system=None, raw=False,

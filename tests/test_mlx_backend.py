@@ -30,7 +30,7 @@ from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.errors import LocalinferError
 from localinfer.measure import quality
 from localinfer.models import refs
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 from localinfer.speculate.drafters import PromptLookup
 
 pytestmark = [
@@ -308,7 +308,7 @@ def test_prompt_lookup_speculation_is_identical_to_plain(pair):
 
 # -- the K-quant conversion cache ---------------------------------------------------------------------
 def test_conversion_is_cached_and_rebuilt_when_stale_or_corrupt(gemma_path, tmp_path):
-    from localinfer.backends import mlx_weights
+    from localinfer.backends.mlx import weights as mlx_weights
     model = tmp_path / "gemma.gguf"
     shutil.copyfile(gemma_path, model)
     header, cache_dir = read_header(model), tmp_path / "converted"

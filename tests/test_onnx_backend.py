@@ -28,7 +28,7 @@ from localinfer.measure import quality
 from localinfer.models import refs
 
 pytest.importorskip("onnxruntime")
-from localinfer.backends.onnx_backend import OnnxOptions, OnnxSession  # noqa: E402
+from localinfer.backends.onnx.session import OnnxOptions, OnnxSession  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(temperature=0)
@@ -214,8 +214,8 @@ def test_a_broken_cached_graph_is_rebuilt(smollm_path, tmp_path, monkeypatch):
 
 
 def session_folder(path: Path) -> Path:
-    from localinfer.backends.onnx_backend import export_root
-    from localinfer.backends.onnx_export import export_dir
+    from localinfer.backends.onnx.session import export_root
+    from localinfer.backends.onnx.export import export_dir
     return export_dir(path, export_root())
 
 

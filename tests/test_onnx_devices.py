@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from localinfer import backends
-from localinfer.backends import onnx_devices, onnx_npu
-from localinfer.backends.onnx_devices import Target, Verdict
+from localinfer.backends.onnx import devices as onnx_devices, npu as onnx_npu
+from localinfer.backends.onnx.devices import Target, Verdict
 
 from conftest import run_cli
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from localinfer.errors import ModelLoadError, UsageError
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 
 pytest.importorskip("onnx")
 from conftest import sha256_of  # noqa: E402
 from gguf_patch import set_value  # noqa: E402
 from onnx_tiny import write_tiny  # noqa: E402
 
-from localinfer.backends import onnx_arch, onnx_export  # noqa: E402
-from localinfer.backends.onnx_store import MANIFEST, WEIGHTS  # noqa: E402
+from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export  # noqa: E402
+from localinfer.backends.onnx.store import MANIFEST, WEIGHTS  # noqa: E402
 
 
 def _spec(path: Path) -> onnx_arch.Spec:

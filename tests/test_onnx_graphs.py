@@ -13,8 +13,8 @@ pytest.importorskip("onnxruntime")
 from onnx_reference import Float64Model, kl  # noqa: E402
 from onnx_tiny import write_tiny  # noqa: E402
 
-from localinfer.backends import onnx_arch, onnx_export, onnx_runner  # noqa: E402
-from localinfer.models.gguf_header import read_header  # noqa: E402
+from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export, runner as onnx_runner  # noqa: E402
+from localinfer.gguf.header import read_header  # noqa: E402
 
 CARRIED = dict(embd="Q8_0", q="Q4_1", k="Q4_0", v="Q5_0", o="Q5_1", gate="Q4_K", up="Q5_K",
                down="Q6_K")

@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
-from localinfer.backends import onnx_weights
-from localinfer.backends.onnx_export import unpermute_rows
+from localinfer.backends.onnx import weights as onnx_weights
+from localinfer.backends.onnx.export import unpermute_rows
 
 pytest.importorskip("onnx")
 

@@ -28,7 +28,7 @@ def _text(n_chars: int) -> str:
 
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
 def session(request, smollm_path, gemma_path):
-    from localinfer.backends.llama_cpp import LlamaCppSession
+    from localinfer.backends.llama.session import LlamaCppSession
     path = smollm_path if request.param == "smollm" else gemma_path
     s = LlamaCppSession(path, LoadOptions(n_ctx=2048))
     yield s
@@ -118,7 +118,7 @@ def test_a_state_restores_into_a_context_of_another_size(session, smollm_path, g
                                                           other_ctx, tmp_path):
     """`--ctx 0` sizes each run's context to its prompt, so the prompt cache's key leaves the
     context size out: a state saved with one n_ctx must continue exactly in another."""
-    from localinfer.backends.llama_cpp import LlamaCppSession
+    from localinfer.backends.llama.session import LlamaCppSession
     path = smollm_path if session.sliding_window == 0 else gemma_path
     other = LlamaCppSession(path, LoadOptions(n_ctx=other_ctx))
     try:
@@ -140,7 +140,7 @@ def test_a_state_restores_into_a_context_of_another_size(session, smollm_path, g
 
 def test_an_entry_longer_than_the_context_is_passed_over_and_kept(session, smollm_path,
                                                                  gemma_path, tmp_path):
-    from localinfer.backends.llama_cpp import LlamaCppSession
+    from localinfer.backends.llama.session import LlamaCppSession
     a, _ = _prompts(session)
     store = _store(session, tmp_path)
     _generate(session, store, a)

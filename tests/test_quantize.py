@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli
 
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 from localinfer.quant import imatrix, quantize
 
 pytestmark = pytest.mark.slow
@@ -139,7 +139,7 @@ def test_the_disk_space_bound_is_never_below_the_exact_size(smollm_path: Path, g
 def test_type_table_matches_gguf():
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from localinfer.models.gguf_header import GGML_TYPES
+    from localinfer.gguf.header import GGML_TYPES
     assert GGML_TYPES == {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType
                           if t.value in GGML_TYPES}
 
@@ -150,7 +150,7 @@ def test_direct_binding_matches_the_packages_declarations():
 
     from llama_cpp import llama_cpp as package
 
-    from localinfer.backends import llama_quantize as ours
+    from localinfer.backends.llama import quantize as ours
 
     def layout(struct):
         fields = [getattr(struct, name) for name, *_ in struct._fields_]
@@ -165,7 +165,7 @@ def test_quantizing_hands_the_log_back(smollm_path: Path):
     # In one process the llama.cpp backend routes the engine's log; a quantization borrows it.
     import ctypes
 
-    from localinfer.backends import llama_cpp, llama_quantize
+    from localinfer.backends.llama import session as llama_cpp, quantize as llama_quantize
     llama_cpp.init_engine(verbose=False)          # the backend's router, as after loading a model
 
     def current() -> int | None:

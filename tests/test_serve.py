@@ -312,7 +312,7 @@ def test_a_conversation_longer_than_4096_tokens_is_answered(whole_context):
 
 
 def test_a_3984_token_prompt_gets_its_200_tokens(whole_context, smollm_path):
-    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.backends.llama.vocab import LlamaVocab
     from localinfer.engine.prompt import raw_tokens
     vocab = LlamaVocab(smollm_path)
     try:

@@ -511,7 +511,7 @@ def _scheduler_parts():
 
 def _batch(path, n_ctx: int, parallel: int):
     from localinfer.backends import LoadOptions
-    from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.backends.llama.batched import SequenceBatch
     return SequenceBatch(path, LoadOptions(n_ctx=n_ctx), parallel + 1)
 
 

@@ -96,7 +96,7 @@ def test_smollm2_template_output_is_pinned():
 
 
 def test_smollm2_literal_is_the_model_files_template(smollm_path):
-    from localinfer.models.gguf_header import read_header
+    from localinfer.gguf.header import read_header
     assert read_header(smollm_path).metadata["tokenizer.chat_template"] == chat_templates.SMOLLM2
 
 

@@ -118,7 +118,7 @@ def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str 
     from dataclasses import replace
 
     from localinfer.backends import context_length
-    from localinfer.backends.llama_batched import SequenceBatch
+    from localinfer.backends.llama.batched import SequenceBatch
     from localinfer.cli.options import parse_gpu_layers
     from localinfer.fit import auto, memory
     from localinfer.models import refs

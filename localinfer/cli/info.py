@@ -7,9 +7,9 @@ import sys
 from collections import Counter
 
 from localinfer.cli import console
-from localinfer.models import gguf_split
-from localinfer.models.gguf_checks import check_model
-from localinfer.models.gguf_header import ArrayInfo
+from localinfer.gguf import split as gguf_split
+from localinfer.gguf.checks import check_model
+from localinfer.gguf.header import ArrayInfo
 from localinfer.models.refs import ModelRef
 from localinfer.models.store import Store
 from localinfer.units import human_size

@@ -89,7 +89,7 @@ def _not_on_disk(display: str, model: str) -> str:
 
 def _facts(display: str, path: Path, params: list[tuple[str, object, str]],
            sections: list[str]) -> dict:
-    from localinfer.models.gguf_checks import check_model
+    from localinfer.gguf.checks import check_model
     header = check_model(path)      # a damaged file is refused in one line, not described
     facts: dict = {"model": display, "path": str(path)}
     if "template" in sections:
@@ -104,7 +104,7 @@ def _facts(display: str, path: Path, params: list[tuple[str, object, str]],
 
 
 def _tokens(path: Path, header) -> dict:
-    from localinfer.models.gguf_tokens import special_tokens
+    from localinfer.gguf.tokens import special_tokens
     found = special_tokens(path, header)
     return {"special_tokens": {role: {"id": t.id, "text": t.text}
                                for role, t in found.roles.items()},
@@ -130,7 +130,7 @@ def _write_parameters(params: list[tuple[str, object, str]]) -> None:
 
 
 def _write_all(facts: dict) -> None:
-    from localinfer.models.gguf_header import printable
+    from localinfer.gguf.header import printable
     out = sys.stdout
     out.write(f"model  {facts['model']}\nfile   {facts['path']}\n")
     out.write("\n# parameters: `run`'s defaults for this model (options on the command line win)\n")

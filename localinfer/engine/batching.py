@@ -4,7 +4,7 @@ continues exactly as a cold run of the same prompt would.
 llama.cpp's CPU results for a position depend on the batch it was computed in, but only through
 two things (measured on both real models; the reasons are in its kernels): flash attention takes a
 tiled path for batches of 64 rows or more when K and V are both f16 (GPU builds; CPU builds keep K
-in bf16, see backends/llama_cpp.py), and the matrix kernels treat rows in groups counted from the
+in bf16, see backends/llama/session.py), and the matrix kernels treat rows in groups counted from the
 batch start (4 for repacked weights, tiles from 8 rows for K-quants). So a row comes out the same
 whatever batch it is in, as long as that batch starts on a multiple of GRAIN and holds at least
 GRAIN rows. A cold prompt is therefore evaluated in full batches (n_batch tokens, the last one

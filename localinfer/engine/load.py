@@ -9,8 +9,8 @@ from pathlib import Path
 from localinfer import backends
 from localinfer.backends import LoadOptions, Session
 from localinfer.errors import UsageError
-from localinfer.models.gguf_header import read_header
-from localinfer.models.gguf_split import split_count
+from localinfer.gguf.header import read_header
+from localinfer.gguf.split import split_count
 from localinfer.models.refs import ModelRef
 
 

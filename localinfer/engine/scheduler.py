@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from localinfer.backends.llama_batched import Piece, SequenceBatch
+from localinfer.backends.llama.batched import Piece, SequenceBatch
 from localinfer.engine.batching import GRAIN
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.sampling import Sampler

@@ -60,7 +60,7 @@ def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputF
     for node in check_schema(schema, where):
         if isinstance(node.get("pattern"), str):
             node["pattern"] = json_safe_pattern(node["pattern"])[0]
-    from localinfer.backends.llama_grammar import schema_to_gbnf
+    from localinfer.backends.llama.grammar import schema_to_gbnf
     try:
         gbnf = schema_to_gbnf(schema)
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError,
@@ -132,7 +132,7 @@ def _parse_json(text: str, where: str) -> Any:
 
 
 def _check_grammar(gbnf: str, where: str, *, parse: bool = True) -> None:
-    from localinfer.backends.llama_grammar import grammar_error
+    from localinfer.backends.llama.grammar import grammar_error
     if not gbnf.strip():
         raise UsageError(f"{where}: the grammar is empty")
     check_gbnf(gbnf, where)

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.backends.llama_devices import Device, offload_targets
+from localinfer.backends.llama.devices import Device, offload_targets
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def this_rebuild_hint(devices: list[Device] | None = None) -> str | None:
     import sys
     from importlib.metadata import PackageNotFoundError, version
 
-    from localinfer.backends import llama_devices
+    from localinfer.backends.llama import devices as llama_devices
     from localinfer.fit.machine import is_apple_silicon
     try:
         installed = version("llama-cpp-python")

@@ -89,7 +89,7 @@ def _onnx_providers() -> list[str] | None:
 def _gpu_facts() -> dict:
     """llama.cpp's devices as its registry reports them, the GPU drivers loaded here, and the
     command that rebuilds the engine for a GPU it cannot use (None when there is none)."""
-    from localinfer.backends import llama_devices
+    from localinfer.backends.llama import devices as llama_devices
     from localinfer.fit import gpu
     found = llama_devices.devices()
     return {"devices": [d.as_dict() for d in found],

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from localinfer.models import gguf_split
-from localinfer.models.gguf_checks import checked_header
-from localinfer.models.gguf_header import ArrayInfo, Header
+from localinfer.gguf import split as gguf_split
+from localinfer.gguf.checks import checked_header
+from localinfer.gguf.header import ArrayInfo, Header
 
 MIB = 1 << 20
 # Measured on the build machine (x86-64, Python 3.11, llama-cpp-python 0.3.36, typer 0.28): peak
@@ -205,7 +205,7 @@ def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) ->
 def cpu_repacks() -> bool:
     """Whether this CPU's llama.cpp backend repacks weights (x86 with AVX2, where the engine loads
     into its extra weight buffers: not on AMX CPUs, backends.llama_devices.uses_weight_buffers)."""
-    from localinfer.backends.llama_devices import uses_weight_buffers
+    from localinfer.backends.llama.devices import uses_weight_buffers
     from localinfer.fit import machine
     return "avx2" in machine.cpu_flags() and uses_weight_buffers()
 

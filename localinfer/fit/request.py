@@ -30,7 +30,7 @@ from localinfer.engine.prompt import (PromptText, most_tokens, prompt_tokens, re
 from localinfer.errors import ContextOverflow, LocalinferError
 from localinfer.fit import auto, memory, rules
 from localinfer.models import refs
-from localinfer.models.gguf_checks import checked_header
+from localinfer.gguf.checks import checked_header
 
 # Bytes of text a token stands for in nearly any prompt (English about 4, code about 3): one whose
 # bytes over this leave the reply its room in the default context is fitted without counting.
@@ -81,7 +81,7 @@ def resolve(request: Request, model: str, *, ctx: int, vocab=None, **fit) -> Siz
     if bound is not None and bound // LIKELY_BYTES_PER_TOKEN + room <= default:
         return Sized(auto.resolve(model, n_ctx=ctx, **fit), request.prompt, trained=trained,
                      counted=bound + room <= default)
-    from localinfer.backends.llama_vocab import LlamaVocab
+    from localinfer.backends.llama.vocab import LlamaVocab
     vocab = LlamaVocab(path)
     try:
         return _counted(request, model, name, vocab, trained, ctx=ctx, **fit)

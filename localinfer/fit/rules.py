@@ -189,7 +189,7 @@ def detect_machine() -> Machine:
     device registry (their free memory as the driver reports it now)."""
     import psutil
 
-    from localinfer.backends import llama_devices
+    from localinfer.backends.llama import devices as llama_devices
     from localinfer.fit import gpu, machine
     mem = psutil.virtual_memory()
     apple = machine.is_apple_silicon()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from localinfer.models.catalogue import HubFile, HubSource, ModelSpec, Variant, normalise_quant
-from localinfer.models.gguf_split import SPLIT_NAME
+from localinfer.gguf.split import SPLIT_NAME
 from localinfer.models.store import is_safe_name, to_safe_name
 
 # A quant type in a file name: Q4_K_M, Q8_0, IQ4_XS, TQ1_0, F16, BF16, F32, MXFP4, and the like,

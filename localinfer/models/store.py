@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.models.gguf_split import SPLIT_NAME, part_name
+from localinfer.gguf.split import SPLIT_NAME, part_name
 
 try:
     import fcntl

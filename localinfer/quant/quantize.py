@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from localinfer.errors import LocalinferError, UsageError
-from localinfer.models import gguf_split
-from localinfer.models.gguf_checks import checked_header
-from localinfer.models.gguf_header import BLOCK_SIZES, Header, read_header
+from localinfer.gguf import split as gguf_split
+from localinfer.gguf.checks import checked_header
+from localinfer.gguf.header import BLOCK_SIZES, Header, read_header
 from localinfer.models.store import temp_path, to_safe_name
 
 if TYPE_CHECKING:       # the imatrix module needs numpy; a quantization without one does not
@@ -85,7 +85,7 @@ _TARGET = re.compile(r"->.*\((\w+)\)\s*$")
 
 def plan(src: Path, qtype: str, *, imatrix: Imatrix | None = None) -> QuantPlan:
     """Exact outcome of quantizing `src` to `qtype`, without writing anything."""
-    from localinfer.backends import llama_quantize
+    from localinfer.backends.llama import quantize as llama_quantize
     # What the quantizer would abort on, refused first; a split model's tensors are in all parts.
     header, _ = gguf_split.whole_model(src, checked_header(src))
     targets: dict[str, str] = {}
@@ -236,8 +236,8 @@ def check_imatrix(imatrix: Imatrix, header: Header) -> None:
 
 def _write(src: Path, dst: Path, qtype: str, *, threads: int, allow_requantize: bool,
            imatrix: Imatrix | None, progress: Progress | None, quantized: list[str]) -> None:
-    from localinfer.backends import llama_quantize
-    from localinfer.backends.llama_cpp import default_threads
+    from localinfer.backends.llama import quantize as llama_quantize
+    from localinfer.backends.llama.session import default_threads
     tmp = temp_path(dst)       # a leftover of a killed run is swept by store_sweep
 
     def on_line(line: str) -> None:

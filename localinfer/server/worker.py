@@ -10,7 +10,7 @@ import queue
 import threading
 from typing import Callable
 
-from localinfer.backends.llama_batched import SequenceBatch
+from localinfer.backends.llama.batched import SequenceBatch
 from localinfer.engine.scheduler import Job, Scheduler
 
 _STOP = object()

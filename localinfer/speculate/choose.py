@@ -14,7 +14,7 @@ from localinfer.engine.load import LoadedModel, load_model
 from localinfer.engine.sampling import SamplingParams
 from localinfer.errors import LocalinferError
 from localinfer.models import refs
-from localinfer.models.gguf_header import read_header
+from localinfer.gguf.header import read_header
 from localinfer.models.store import Store
 from localinfer.speculate import exactness
 from localinfer.speculate.drafters import Drafter, DraftModel, PromptLookup, check_vocabulary

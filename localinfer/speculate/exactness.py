@@ -6,7 +6,7 @@ does up to a model-dependent size and not beyond: the repacked matrix kernels tr
 groups of 4 (Gemma 3 270M Q4_K_M differs from 4 tokens on) and the tiled K-quant kernels take
 batches of 8 rows or more. Attention can depend on the context length as well (ggml's flash
 attention splits one query's KV range across threads once 512 cells are in view; the llama.cpp
-backend picks cache types that keep it off that path, see backends/llama_cpp.py), so the probe
+backend picks cache types that keep it off that path, see backends/llama/session.py), so the probe
 compares at a short and at a long position. Measured once per compute graph and engine (see
 exactness_key.py: a copy of a model with other metadata shares the verdict); drafts are verified
 in chunks of at most that size, and a result of 1 means no batch is exact: no drafting.

@@ -25,8 +25,8 @@ from importlib import metadata, util
 from pathlib import Path
 
 from localinfer.backends import Session
-from localinfer.models.gguf_header import ArrayInfo, TextInfo, read_header
-from localinfer.models.gguf_split import split_count, whole_model
+from localinfer.gguf.header import ArrayInfo, TextInfo, read_header
+from localinfer.gguf.split import split_count, whole_model
 
 # Each backend's engine: (distribution, import name); its version and libraries enter the key.
 _ENGINES = {"llama.cpp": ("llama-cpp-python", "llama_cpp"), "mlx": ("mlx", "mlx"),

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends import mlx_convert
-from localinfer.models.gguf_header import Header
+from localinfer.backends.mlx import convert as mlx_convert
+from localinfer.gguf.header import Header
 
 CONVERTER_VERSION = 1         # bump when mlx_convert's output changes: old cache files become stale
 NATIVE_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}

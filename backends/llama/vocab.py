@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localinfer.backends.llama_cpp import GGUFVocabulary, engine, init_engine
+from localinfer.backends.llama.session import GGUFVocabulary, engine, init_engine
 from localinfer.errors import ModelLoadError
-from localinfer.models.gguf_checks import check_model
+from localinfer.gguf.checks import check_model
 
 
 class LlamaVocab(GGUFVocabulary):

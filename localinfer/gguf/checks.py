@@ -21,8 +21,8 @@ import struct
 from pathlib import Path
 
 from localinfer.errors import ModelLoadError
-from localinfer.models import gguf_split
-from localinfer.models.gguf_header import (ArrayInfo, CorruptFile, Header, TextInfo, file_identity,
+from localinfer.gguf import split as gguf_split
+from localinfer.gguf.header import (ArrayInfo, CorruptFile, Header, TextInfo, file_identity,
                                            printable, read_header)
 
 MAX_LAYERS = 512                  # LLAMA_MAX_LAYERS (src/llama-hparams.h)

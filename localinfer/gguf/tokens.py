@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.models.gguf_header import ArrayInfo, Header
+from localinfer.gguf.header import ArrayInfo, Header
 
 _SPECIAL_ID = re.compile(r"tokenizer\.ggml\.(\w+)_token_id")
 # llama.cpp's key names, as a user reads them elsewhere.

@@ -17,7 +17,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
-from localinfer.backends.onnx_devices import CPU, Target
+from localinfer.backends.onnx.devices import CPU, Target
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
 
 # Providers that run the dynamic graph (GroupQueryAttention, any number of tokens per call); any
@@ -43,9 +43,9 @@ class OnnxSession:
     """One exported model on ONNX Runtime and one KV-cache sequence."""
 
     def __init__(self, path: Path, options: LoadOptions, onnx: OnnxOptions = OnnxOptions()) -> None:
-        from localinfer.backends import onnx_arch
-        from localinfer.backends.llama_vocab import LlamaVocab
-        from localinfer.models.gguf_checks import checked_header
+        from localinfer.backends.onnx import arch as onnx_arch
+        from localinfer.backends.llama.vocab import LlamaVocab
+        from localinfer.gguf.checks import checked_header
 
         if options.kv_type != "f16":
             raise UsageError(f"the ONNX backend keeps its KV cache in float32; "
@@ -175,7 +175,7 @@ class OnnxSession:
 # -- opening the export on ONNX Runtime -------------------------------------------------------------
 def _open(path: Path, header, spec, n_ctx: int, options: LoadOptions, onnx: OnnxOptions):
     """(runner, form file name, export key); an export ONNX Runtime refuses is rebuilt once."""
-    from localinfer.backends import onnx_export
+    from localinfer.backends.onnx import export as onnx_export
     for attempt in (1, 2):
         folder, index = onnx_export.ensure_weights(path, header, spec, export_root())
         try:
@@ -193,8 +193,8 @@ def _open(path: Path, header, spec, n_ctx: int, options: LoadOptions, onnx: Onnx
 
 
 def _runner(folder: Path, index, spec, n_ctx: int, options: LoadOptions, onnx: OnnxOptions):
-    from localinfer.backends import onnx_runner
-    from localinfer.backends.onnx_export import Form, ensure_graph
+    from localinfer.backends.onnx import runner as onnx_runner
+    from localinfer.backends.onnx.export import Form, ensure_graph
     factors = index.vector(folder, "rope_freqs.weight") if spec.rope_factors else None
     tables = onnx_runner.rope_tables(spec, n_ctx, factors)
     kind = graph_form(onnx)
@@ -211,8 +211,8 @@ def _runner(folder: Path, index, spec, n_ctx: int, options: LoadOptions, onnx: O
 
 
 def _session(graph: Path, options: LoadOptions, onnx: OnnxOptions):
-    from localinfer.backends.llama_cpp import default_threads
-    from localinfer.backends.onnx_devices import open_session
+    from localinfer.backends.llama.session import default_threads
+    from localinfer.backends.onnx.devices import open_session
     return open_session(graph, onnx.target, options.n_threads or default_threads(),
                         config=dict(onnx.session_config))
 
@@ -246,14 +246,14 @@ def _is_available() -> bool:
 
 
 def _supports_architecture(architecture: str) -> bool:
-    from localinfer.backends.onnx_arch import ARCHITECTURES
+    from localinfer.backends.onnx.arch import ARCHITECTURES
     return architecture in ARCHITECTURES
 
 
 def _auto_blocker(path: Path | None = None) -> str | None:
     """`auto` takes ONNX only where an NPU runs the model's whole graph (onnx_npu); on a CPU
     llama.cpp keeps the model: its KV-cache types, GPU layers and memory fit are not here."""
-    from localinfer.backends import onnx_npu
+    from localinfer.backends.onnx import npu as onnx_npu
     decision = onnx_npu.decide(path)
     if decision.target is not None:
         return None
@@ -271,14 +271,14 @@ def _providers() -> list[str]:
 
 def _load(path: Path, options: LoadOptions) -> OnnxSession:
     """On the NPU that runs the whole graph, where there is one; else on the CPU provider."""
-    from localinfer.backends import onnx_npu
+    from localinfer.backends.onnx import npu as onnx_npu
     target = onnx_npu.decide(path, options.n_threads).target
     return OnnxSession(path, options, OnnxOptions(target=target or CPU))
 
 
 def describe() -> dict:
-    from localinfer.backends import onnx_devices
-    from localinfer.backends.onnx_arch import ARCHITECTURES
+    from localinfer.backends.onnx import devices as onnx_devices
+    from localinfer.backends.onnx.arch import ARCHITECTURES
     return {"version": _versions(), "gpu_offload": False, "providers": _providers(),
             "plugins": onnx_devices.register_plugins(),
             "devices": [{"provider": t.provider, "type": t.kind, "vendor": t.vendor,

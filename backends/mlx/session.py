@@ -18,7 +18,7 @@ import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
-from localinfer.models.gguf_checks import checked_header
+from localinfer.gguf.checks import checked_header
 
 MAX_OUTPUTS = 64              # rows of logits computed at once for logits="all"
 
@@ -32,8 +32,8 @@ class MlxSession:
     """One mlx-lm model and one KV-cache sequence."""
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
-        from localinfer.backends import mlx_models, mlx_weights
-        from localinfer.backends.llama_vocab import LlamaVocab
+        from localinfer.backends.mlx import models as mlx_models, weights as mlx_weights
+        from localinfer.backends.llama.vocab import LlamaVocab
 
         header = checked_header(path)     # the values llama.cpp would refuse, refused here too
         arch = str(header.metadata.get("general.architecture", "unknown"))
@@ -235,7 +235,7 @@ def metal_available() -> bool:
 
 
 def unsupported_message(arch: str) -> str:
-    from localinfer.backends import mlx_models
+    from localinfer.backends.mlx import models as mlx_models
     return (f"the MLX backend cannot run the '{arch}' architecture (it runs "
             f"{', '.join(mlx_models.supported())}); use --backend llama.cpp or --backend auto")
 
@@ -256,7 +256,7 @@ def _is_available() -> bool:
 
 
 def _supports_architecture(architecture: str) -> bool:
-    from localinfer.backends import mlx_models
+    from localinfer.backends.mlx import models as mlx_models
     return architecture in mlx_models.ARCHITECTURES
 
 
@@ -286,7 +286,7 @@ def describe() -> dict:
 
 
 def _arch_names() -> list[str]:
-    from localinfer.backends import mlx_models
+    from localinfer.backends.mlx import models as mlx_models
     return list(mlx_models.supported())
 
 

@@ -32,7 +32,7 @@ def npu_installed() -> list[str]:
     import os
     from importlib.metadata import PackageNotFoundError, version
 
-    from localinfer.backends.onnx_devices import LIBRARIES_ENV
+    from localinfer.backends.onnx.devices import LIBRARIES_ENV
     found = []
     for name in NPU_DISTRIBUTIONS:
         try:
@@ -50,7 +50,7 @@ def decide(path: Path | None, threads: int = 0) -> Decision:
     if not npu_installed():
         return Decision(None, "no NPU build of onnxruntime is installed "
                               f"({', '.join(NPU_DISTRIBUTIONS)})")
-    from localinfer.backends import onnx_devices
+    from localinfer.backends.onnx import devices as onnx_devices
     npus = onnx_devices.npu_targets()
     if not npus:
         return Decision(None, "onnxruntime here lists no NPU device")
@@ -68,7 +68,7 @@ def decide(path: Path | None, threads: int = 0) -> Decision:
 
 
 def _check_model(path: Path, npus: list, threads: int) -> Decision:
-    from localinfer.backends import onnx_devices
+    from localinfer.backends.onnx import devices as onnx_devices
     folder, key, graphs = _check_graphs(path)
     refusals = []
     for target in npus:
@@ -84,9 +84,9 @@ def _check_model(path: Path, npus: list, threads: int) -> Decision:
 
 def _check_graphs(path: Path) -> tuple[Path, str, list[Path]]:
     """The model's export folder, its key, and the two static graphs the check compiles."""
-    from localinfer.backends import onnx_arch, onnx_export
-    from localinfer.backends.onnx_backend import export_root
-    from localinfer.models.gguf_checks import checked_header
+    from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export
+    from localinfer.backends.onnx.session import export_root
+    from localinfer.gguf.checks import checked_header
     header = checked_header(path)
     spec = onnx_arch.read_spec(path, header)
     folder, index = onnx_export.ensure_weights(path, header, spec, export_root())
@@ -96,5 +96,5 @@ def _check_graphs(path: Path) -> tuple[Path, str, list[Path]]:
 
 
 def _threads() -> int:
-    from localinfer.backends.llama_cpp import default_threads
+    from localinfer.backends.llama.session import default_threads
     return default_threads()

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from localinfer.models.gguf_header import Header
+from localinfer.gguf.header import Header
 
 GROUP = 32
 

@@ -144,7 +144,7 @@ def open_session(graph: Path, target: Target, threads: int, *, strict: bool = Fa
     compiled form is saved on first use and loaded after (the providers that compile write it)."""
     import onnxruntime as ort
 
-    from localinfer.backends.onnx_runner import session_options
+    from localinfer.backends.onnx.runner import session_options
     entries, source = dict(config or {}), graph
     if target.kind != "CPU":
         compiled = compiled_path(graph, target)

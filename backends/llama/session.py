@@ -17,11 +17,11 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from localinfer.backends import Backend, LoadOptions, context_length
-from localinfer.backends.llama_devices import model_offload, uses_weight_buffers
-from localinfer.backends.llama_kv import kv_cache_types, kv_label
-from localinfer.backends.llama_threads import attach_shared_pool, default_threads
+from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
+from localinfer.backends.llama.kv import kv_cache_types, kv_label
+from localinfer.backends.llama.threads import attach_shared_pool, default_threads
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
-from localinfer.models.gguf_checks import check_model
+from localinfer.gguf.checks import check_model
 
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
 
@@ -162,7 +162,7 @@ class GGUFVocabulary:
         return engine().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
     def grammar(self, gbnf: str):
-        from localinfer.backends.llama_grammar import Grammar
+        from localinfer.backends.llama.grammar import Grammar
         return Grammar(self._vocab, self.n_vocab, gbnf)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends.onnx_weights import Matrix
+from localinfer.backends.onnx.weights import Matrix
 
 WEIGHTS = "weights.bin"
 MANIFEST = "manifest.json"

@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from localinfer.backends.onnx_arch import Spec
-from localinfer.backends.onnx_graph import (MAX_INDEX, MS, Graph, add_norm, embed, feed_forward,
+from localinfer.backends.onnx.arch import Spec
+from localinfer.backends.onnx.graph import (MAX_INDEX, MS, Graph, add_norm, embed, feed_forward,
                                             head_norm, linear, project, rms_norm)
 
 

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from localinfer.backends.onnx_arch import Spec
-from localinfer.backends.onnx_forms import kv_outputs, layer_kinds, mask_inputs
+from localinfer.backends.onnx.arch import Spec
+from localinfer.backends.onnx.forms import kv_outputs, layer_kinds, mask_inputs
 
 MASKED = -1e30                 # additive mask: finite, so a fully masked padding row stays finite
 

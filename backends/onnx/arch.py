@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localinfer.errors import ModelLoadError, UsageError
-from localinfer.models.gguf_checks import check_hparams, refusal
-from localinfer.models.gguf_header import ArrayInfo, CorruptFile, Header
+from localinfer.gguf.checks import check_hparams, refusal
+from localinfer.gguf.header import ArrayInfo, CorruptFile, Header
 
 ARCHITECTURES = ("llama", "gemma3")
 _LIMITS = {"n_embd": 1 << 16, "n_head": 1024, "head_dim": 1024, "n_ff": 1 << 20,

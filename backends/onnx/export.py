@@ -27,11 +27,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from localinfer.backends import onnx_forms, onnx_weights
-from localinfer.backends.onnx_arch import Spec
-from localinfer.backends.onnx_store import WeightIndex, WeightWriter, read_index
+from localinfer.backends.onnx import forms as onnx_forms, weights as onnx_weights
+from localinfer.backends.onnx.arch import Spec
+from localinfer.backends.onnx.store import WeightIndex, WeightWriter, read_index
 from localinfer.errors import ModelLoadError
-from localinfer.models.gguf_header import Header
+from localinfer.gguf.header import Header
 from localinfer.models.store import HAS_LOCKS
 
 EXPORTER_VERSION = 3          # bump when the weights or graphs change: old exports become stale

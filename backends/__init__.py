@@ -108,19 +108,20 @@ class Backend:
     auto_blocker: Callable[[Path | None], str | None] = lambda path=None: None
 
 
+# Each engine's subpackage is imported only when asked for: engines are optional and slow to load.
 def _llama_cpp() -> Backend:
-    from localinfer.backends.llama import session as llama_cpp
-    return llama_cpp.BACKEND
+    from localinfer.backends import llama
+    return llama.BACKEND
 
 
 def _mlx() -> Backend:
-    from localinfer.backends.mlx import session as mlx_backend
-    return mlx_backend.BACKEND
+    from localinfer.backends.mlx import session
+    return session.BACKEND
 
 
 def _onnx() -> Backend:
-    from localinfer.backends.onnx import session as onnx_backend
-    return onnx_backend.BACKEND
+    from localinfer.backends.onnx import session
+    return session.BACKEND
 
 
 # Registry in order of preference for `auto`, which takes each only where its auto_blocker

@@ -22,7 +22,8 @@ from pathlib import Path
 
 def count(models: list[Path], reps: int) -> None:
     from localinfer.backends import LoadOptions
-    from localinfer.backends.llama.session import LlamaCppSession, init_engine
+    from localinfer.backends.llama.engine import init_engine
+    from localinfer.backends.llama.session import LlamaCppSession
     from localinfer.backends.llama.vocab import LlamaVocab
     from localinfer.engine.prompt import PromptText, prompt_tokens
     from localinfer.measure import quality

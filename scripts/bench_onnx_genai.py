@@ -89,7 +89,7 @@ def export(model: str, n_prompt: int, n_ctx: int) -> dict:
     """Our export of `model` (made or reused in the store) and what genai's config needs."""
     from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export, runner as onnx_runner
     from localinfer.backends.llama.vocab import LlamaVocab
-    from localinfer.backends.onnx.session import export_root
+    from localinfer.backends.onnx.export import export_root
     from localinfer.measure.bench import _prompt_tokens
     from localinfer.models import refs
     from localinfer.gguf.header import read_header
@@ -293,7 +293,7 @@ def main() -> None:
     if not args.models:
         ap.error("name at least one model")
     if not args.threads:            # what `localinfer bench` picks, given to both sides explicitly
-        from localinfer.backends.llama.session import default_threads
+        from localinfer.backends.llama.threads import default_threads
         args.threads = default_threads()
     python = ensure_venv()
     rounds = [r for m in args.models for r in compare(m, python, args)]

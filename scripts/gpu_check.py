@@ -55,7 +55,8 @@ def probe(model: Path | None, n_ctx: int) -> dict:
     GPU context, which then stays out of the figure, and no other model is loaded there."""
     from localinfer.backends import LoadOptions
     from localinfer.backends.llama import devices as llama_devices
-    from localinfer.backends.llama.session import LlamaCppSession, init_engine
+    from localinfer.backends.llama.engine import init_engine
+    from localinfer.backends.llama.session import LlamaCppSession
     from localinfer.fit import memory, rules
     init_engine(False)
     targets = llama_devices.offload_targets(llama_devices.devices())

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama.session import LlamaCppSession, engine
+from localinfer.backends.llama.engine import engine
+from localinfer.backends.llama.session import LlamaCppSession
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import SamplingParams, make_sampler

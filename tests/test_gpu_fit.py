@@ -203,7 +203,7 @@ def test_a_gpu_with_too_little_free_memory_gets_some_layers(models_home, small_g
                                                             capsys):
     """The placement's count reaches llama.cpp's model parameters; -v and --json say where the
     layers went."""
-    from localinfer.backends.llama import session as llama_cpp
+    from localinfer.backends.llama import engine as llama_cpp
     lib = llama_cpp.engine()
     seen = []
     real_load = lib.llama_model_load_from_file

@@ -278,7 +278,7 @@ def test_a_context_that_cannot_be_made_is_one_line_not_a_segfault(models_home):
 
 ABORT_IN_ENGINE = """
 import sys
-from localinfer.backends.llama.session import engine, init_engine
+from localinfer.backends.llama.engine import engine, init_engine
 lib = engine()
 init_engine(False)
 lib.llama_model_load_from_file(sys.argv[1].encode(), lib.llama_model_default_params())

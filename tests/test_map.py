@@ -12,7 +12,8 @@ from parity import first_difference, parting_gap
 
 from localinfer.backends import LoadOptions
 from localinfer.backends.llama.batched import SequenceBatch
-from localinfer.backends.llama.session import LlamaCppSession, engine
+from localinfer.backends.llama.engine import engine
+from localinfer.backends.llama.session import LlamaCppSession
 from localinfer.cli.batch import _shared_prefix
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache

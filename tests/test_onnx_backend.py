@@ -214,7 +214,7 @@ def test_a_broken_cached_graph_is_rebuilt(smollm_path, tmp_path, monkeypatch):
 
 
 def session_folder(path: Path) -> Path:
-    from localinfer.backends.onnx.session import export_root
+    from localinfer.backends.onnx.export import export_root
     from localinfer.backends.onnx.export import export_dir
     return export_dir(path, export_root())
 

@@ -165,7 +165,7 @@ def test_quantizing_hands_the_log_back(smollm_path: Path):
     # In one process the llama.cpp backend routes the engine's log; a quantization borrows it.
     import ctypes
 
-    from localinfer.backends.llama import session as llama_cpp, quantize as llama_quantize
+    from localinfer.backends.llama import engine as llama_cpp, quantize as llama_quantize
     llama_cpp.init_engine(verbose=False)          # the backend's router, as after loading a model
 
     def current() -> int | None:

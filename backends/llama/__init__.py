@@ -1,1 +1,60 @@
-"""The llama.cpp backend (CPU, CUDA, Metal) through llama-cpp-python's low-level bindings."""
+"""The llama.cpp backend (CPU, CUDA, Metal) through llama-cpp-python's low-level C API.
+
+The registry's entry: what it needs is light (the bindings load on first use, the session module
+with numpy only when a model loads), so `quantize` and `devices` reach their modules cheaply.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localinfer.backends import Backend, LoadOptions
+from localinfer.backends.llama.engine import engine
+
+if TYPE_CHECKING:
+    from localinfer.backends.llama.session import LlamaCppSession
+
+
+def _is_available() -> bool:
+    try:
+        engine()
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def _supports_architecture(_architecture: str) -> bool:
+    # llama.cpp defines the GGUF architectures; an unknown one fails at load with its own message.
+    return True
+
+
+def _load(path: Path, options: LoadOptions) -> LlamaCppSession:
+    from localinfer.backends.llama.session import LlamaCppSession
+    return LlamaCppSession(path, options)
+
+
+def describe() -> dict:
+    lib = engine()
+    return {
+        "version": _version(),
+        "gpu_offload": bool(lib.llama_supports_gpu_offload()),
+        "mmap": bool(lib.llama_supports_mmap()),
+        "system_info": lib.llama_print_system_info().decode().strip(),
+        "metal": platform.system() == "Darwin" and platform.machine() == "arm64",
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import version
+    return version("llama-cpp-python")
+
+
+BACKEND = Backend(
+    name="llama.cpp",
+    is_available=_is_available,
+    supports_architecture=_supports_architecture,
+    load=_load,
+    describe=describe,
+)

@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama.session import MAX_OUTPUTS, LlamaCppSession, engine
+from localinfer.backends.llama.engine import engine
+from localinfer.backends.llama.session import MAX_OUTPUTS, LlamaCppSession
 from localinfer.errors import LocalinferError, UsageError
 
 MAX_SEQUENCES = MAX_OUTPUTS        # every sequence may need one output row in the same decode

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from localinfer.backends.llama.session import engine, init_engine
+from localinfer.backends.llama.engine import engine, init_engine
 from localinfer.errors import LocalinferError
 
 ROOT = b"root"

@@ -20,7 +20,7 @@ _GGML_F16 = 1
 
 
 def _gpu_build() -> bool:
-    from localinfer.backends.llama.session import engine    # the bindings, loaded lazily there
+    from localinfer.backends.llama.engine import engine    # the bindings, loaded on first use
     return bool(engine().llama_supports_gpu_offload())
 
 

@@ -8,162 +8,21 @@ vocabulary) at a fifth of llama.cpp's speed.
 from __future__ import annotations
 
 import ctypes
-import platform
-import sys
-from collections import deque
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
-from localinfer.backends import Backend, LoadOptions, context_length
+from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
+from localinfer.backends.llama.engine import engine, init_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label
 from localinfer.backends.llama.threads import attach_shared_pool, default_threads
+from localinfer.backends.llama.vocab import GGUFVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.gguf.checks import check_model
 
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
-
-
-def engine():
-    """The llama_cpp bindings (their shared library loads on first use)."""
-    import llama_cpp  # lazy: importing loads the shared library
-    return llama_cpp
-
-
-class _Log:
-    """Routes llama.cpp's log lines: to stderr when verbose, otherwise kept for error messages."""
-
-    _DEBUG, _CONT = 1, 5   # ggml_log_level: DEBUG lines are dropped even when verbose
-
-    def __init__(self) -> None:
-        self.verbose = False
-        self.recent: deque[str] = deque(maxlen=20)
-        # Observes every fragment (level, text) as it arrives, e.g. the quantizer's per-tensor lines.
-        self.listener: Callable[[int, str], None] | None = None
-        self._level = 0
-        lib = engine()
-        # Keep a reference: llama.cpp calls through this pointer for the life of the process.
-        self._callback = lib.llama_log_callback(self._on_line)
-        lib.llama_log_set(self._callback, ctypes.c_void_p(0))
-
-    def _on_line(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        if level != self._CONT:
-            self._level = level
-        line = text.decode("utf-8", "replace")
-        if self.listener is not None:
-            self.listener(self._level, line)
-        if self.verbose and self._level != self._DEBUG:
-            sys.stderr.write(line)
-        elif line.strip():
-            self.recent.append(line.strip())
-
-    def last_error(self) -> str | None:
-        # "error loading model: <reason>" comes before a generic "failed to load model": prefer it.
-        for words in (("error",), ("failed", "unknown")):
-            for line in reversed(self.recent):
-                if any(word in line.lower() for word in words):
-                    return line
-        return self.recent[-1] if self.recent else None
-
-
-_log: _Log | None = None
-
-
-def init_engine(verbose: bool) -> _Log:
-    """Start llama.cpp once per process and route its log; returns the log router."""
-    global _log
-    if _log is None:
-        _log = _Log()
-        engine().llama_backend_init()
-    _log.verbose = verbose
-    _log.recent.clear()
-    return _log
-
-
-class GGUFVocabulary:
-    """Metadata, tokenizer and detokenizer of a loaded llama.cpp model (`_model`, `_vocab`).
-
-    Shared by the llama.cpp session and the vocabulary-only load other backends tokenize with, so
-    token ids mean the same on every backend.
-    """
-
-    _model: ctypes.c_void_p
-    _vocab: ctypes.c_void_p
-
-    def _init_vocabulary(self) -> None:
-        lib = engine()
-        self._vocab = lib.llama_model_get_vocab(self._model)
-        self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
-        self.metadata = self._read_metadata()
-        self._pieces: dict[int, bytes] = {}
-        self._eog: dict[int, bool] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
-        self._read_vocab_facts()
-
-    def _read_metadata(self) -> dict[str, str]:
-        lib = engine()
-        buf = ctypes.create_string_buffer(1 << 16)
-        meta: dict[str, str] = {}
-        for i in range(lib.llama_model_meta_count(self._model)):
-            n = lib.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
-            key = buf.value.decode("utf-8", "replace") if n >= 0 else ""
-            n = lib.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
-            if key and n >= 0:
-                meta[key] = buf.value.decode("utf-8", "replace")
-        return meta
-
-    def _read_vocab_facts(self) -> None:
-        lib = engine()
-        v = self._vocab
-        bos, eos = lib.llama_vocab_bos(v), lib.llama_vocab_eos(v)
-        self.bos_token = bos if bos >= 0 else None
-        self.eos_token = eos if eos >= 0 else None
-        self.add_bos = bool(lib.llama_vocab_get_add_bos(v)) and self.bos_token is not None
-        template = lib.llama_model_chat_template(self._model, None)
-        self.chat_template = template.decode("utf-8") if template else None
-        self.architecture = self.metadata.get("general.architecture", "unknown")
-
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
-        lib = engine()
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (lib.llama_token * capacity)()
-        n = lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, special)
-        if n < 0:  # buffer too small: -n is the size needed
-            capacity = -n
-            buf = (lib.llama_token * capacity)()
-            n = lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, special)
-        return list(buf[:n])
-
-    def piece(self, token: int) -> bytes:
-        """The bytes one token stands for (control tokens render as nothing); cached per token."""
-        cached = self._pieces.get(token)
-        if cached is None:
-            lib = engine()
-            n = lib.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
-            cached = self._piece_buf.raw[:max(n, 0)]
-            self._pieces[token] = cached
-        return cached
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return b"".join(self.piece(t) for t in tokens)
-
-    def is_eog(self, token: int) -> bool:
-        """End of generation (EOS, EOT, <end_of_turn>, ...); asked per token rather than scanning
-        a 262k vocabulary at load, and remembered: a dict lookup is cheaper than a ctypes call."""
-        known = self._eog.get(token)
-        if known is None:
-            known = self._eog[token] = bool(engine().llama_vocab_is_eog(self._vocab, token))
-        return known
-
-    def token_text(self, token: int) -> str:
-        return engine().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
-
-    def grammar(self, gbnf: str):
-        from localinfer.backends.llama.grammar import Grammar
-        return Grammar(self._vocab, self.n_vocab, gbnf)
 
 
 class LlamaCppSession(GGUFVocabulary):
@@ -370,45 +229,3 @@ class LlamaCppSession(GGUFVocabulary):
             self.close()
         except Exception:
             pass
-
-
-def _is_available() -> bool:
-    try:
-        engine()
-    except (ImportError, OSError):
-        return False
-    return True
-
-
-def _supports_architecture(_architecture: str) -> bool:
-    # llama.cpp defines the GGUF architectures; an unknown one fails at load with its own message.
-    return True
-
-
-def _load(path: Path, options: LoadOptions) -> LlamaCppSession:
-    return LlamaCppSession(path, options)
-
-
-def describe() -> dict:
-    lib = engine()
-    return {
-        "version": _version(),
-        "gpu_offload": bool(lib.llama_supports_gpu_offload()),
-        "mmap": bool(lib.llama_supports_mmap()),
-        "system_info": lib.llama_print_system_info().decode().strip(),
-        "metal": platform.system() == "Darwin" and platform.machine() == "arm64",
-    }
-
-
-def _version() -> str:
-    from importlib.metadata import version
-    return version("llama-cpp-python")
-
-
-BACKEND = Backend(
-    name="llama.cpp",
-    is_available=_is_available,
-    supports_architecture=_supports_architecture,
-    load=_load,
-    describe=describe,
-)

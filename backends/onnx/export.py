@@ -55,6 +55,12 @@ class Form:
         return f"static-a{self.accuracy}-t{self.tokens}-c{self.slots}.onnx"
 
 
+def export_root() -> Path:
+    """Where exports live: beside the models they come from."""
+    from localinfer import settings
+    return settings.load().models_dir / ".onnx"
+
+
 def export_key(path: Path) -> str:
     st = path.stat()
     identity = {"source": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,

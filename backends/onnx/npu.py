@@ -85,16 +85,15 @@ def _check_model(path: Path, npus: list, threads: int) -> Decision:
 def _check_graphs(path: Path) -> tuple[Path, str, list[Path]]:
     """The model's export folder, its key, and the two static graphs the check compiles."""
     from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export
-    from localinfer.backends.onnx.session import export_root
     from localinfer.gguf.checks import checked_header
     header = checked_header(path)
     spec = onnx_arch.read_spec(path, header)
-    folder, index = onnx_export.ensure_weights(path, header, spec, export_root())
+    folder, index = onnx_export.ensure_weights(path, header, spec, onnx_export.export_root())
     forms = [onnx_export.Form("static", 4, CHECK_TOKENS, CHECK_SLOTS),
              onnx_export.Form("static", 4, 1, CHECK_SLOTS)]
     return folder, index.key, [onnx_export.ensure_graph(folder, index, spec, f) for f in forms]
 
 
 def _threads() -> int:
-    from localinfer.backends.llama.session import default_threads
+    from localinfer.backends.llama.threads import default_threads
     return default_threads()

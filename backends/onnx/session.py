@@ -177,7 +177,7 @@ def _open(path: Path, header, spec, n_ctx: int, options: LoadOptions, onnx: Onnx
     """(runner, form file name, export key); an export ONNX Runtime refuses is rebuilt once."""
     from localinfer.backends.onnx import export as onnx_export
     for attempt in (1, 2):
-        folder, index = onnx_export.ensure_weights(path, header, spec, export_root())
+        folder, index = onnx_export.ensure_weights(path, header, spec, onnx_export.export_root())
         try:
             runner, form = _runner(folder, index, spec, n_ctx, options, onnx)
             return runner, form, index.key
@@ -211,7 +211,7 @@ def _runner(folder: Path, index, spec, n_ctx: int, options: LoadOptions, onnx: O
 
 
 def _session(graph: Path, options: LoadOptions, onnx: OnnxOptions):
-    from localinfer.backends.llama.session import default_threads
+    from localinfer.backends.llama.threads import default_threads
     from localinfer.backends.onnx.devices import open_session
     return open_session(graph, onnx.target, options.n_threads or default_threads(),
                         config=dict(onnx.session_config))
@@ -221,11 +221,6 @@ def graph_form(onnx: OnnxOptions) -> str:
     if onnx.form != "auto":
         return onnx.form
     return "dynamic" if onnx.target.provider in DYNAMIC_PROVIDERS else "static"
-
-
-def export_root() -> Path:
-    from localinfer import settings
-    return settings.load().models_dir / ".onnx"
 
 
 def _versions() -> str:

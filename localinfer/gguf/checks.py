@@ -22,8 +22,8 @@ from pathlib import Path
 
 from localinfer.errors import ModelLoadError
 from localinfer.gguf import split as gguf_split
-from localinfer.gguf.header import (ArrayInfo, CorruptFile, Header, TextInfo, file_identity,
-                                           printable, read_header)
+from localinfer.gguf.header import (ArrayInfo, CorruptFile, Header, TextInfo, check_tensors,
+                                    file_identity, printable, read_header)
 
 MAX_LAYERS = 512                  # LLAMA_MAX_LAYERS (src/llama-hparams.h)
 MAX_EXPERTS = 1024                # LLAMA_MAX_EXPERTS
@@ -225,16 +225,6 @@ def _real(key: str, value, rule: str) -> None:
         raise CorruptFile(f"{key} is {_show(value)}, not a real number")
     if not math.isfinite(value) or not in_range(value):
         raise CorruptFile(f"{key} is {_show(value)}, not {words}")
-
-
-# -- tensors ---------------------------------------------------------------------------------------
-def check_tensors(header: Header) -> None:
-    # llama-model-loader.cpp create_tensor: GGML_ASSERT(ne[dim] >= 1) once the file's shape has
-    # matched the expected one; the GGUF reader itself lets a zero dimension through.
-    for t in header.tensors:
-        if 0 in t.shape:
-            raise CorruptFile(f"tensor {printable(t.name)} has shape {t.shape}, with a zero "
-                              "dimension")
 
 
 # -- vocabulary ------------------------------------------------------------------------------------

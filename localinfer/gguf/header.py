@@ -341,6 +341,16 @@ def _tensor(cur: _Cursor) -> Tensor:
     return Tensor(name, type_name, n_elements, n_elements // block * block_bytes, offset, shape)
 
 
+def check_tensors(header: Header) -> None:
+    """Refuse a tensor with a zero dimension: llama-model-loader.cpp's create_tensor asserts
+    ne[dim] >= 1, and the GGUF reader lets one through. Here, below checks and split, because
+    both check tensors: those of a whole file and those of every part of a split model."""
+    for t in header.tensors:
+        if 0 in t.shape:
+            raise CorruptFile(f"tensor {printable(t.name)} has shape {t.shape}, with a zero "
+                              "dimension")
+
+
 def _check_layout(tensors: list[Tensor], alignment: int) -> int:
     """Bytes of the data section. As llama.cpp requires, each tensor starts where the one before
     ends, padded to the alignment: no overlap, no gap, nothing outside the file."""

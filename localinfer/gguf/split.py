@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from localinfer.gguf.header import CorruptFile, Header, read_header
+from localinfer.gguf.header import CorruptFile, Header, check_tensors, read_header
 
 SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 MAX_PARTS = 9999           # llama.cpp's names have five digits; no real model needs more
@@ -58,7 +58,6 @@ def check_parts(path: Path, first: Header) -> list[Header]:
     llama.cpp refuses a missing part or a malformed one cleanly, but asserts on a tensor with a
     zero dimension in any part, so every part's tensors are checked here; a part must be the
     part its name says, of the same model, and no tensor may appear in two parts."""
-    from localinfer.gguf.checks import check_tensors
     paths = part_paths(path, first)
     if len(paths) == 1:
         return []

@@ -175,7 +175,8 @@ def remote_header(spec: ModelSpec, quant: str) -> tuple[Header, int]:
     """The GGUF header at the start of a variant's (first) file, and that file's size, read with
     range requests of growing length (a few MB) instead of the download: what auto-fit needs to
     choose a quant before pulling any. Checked as a file on disk would be (gguf_checks)."""
-    from localinfer.gguf.checks import check_hparams, check_tensors
+    from localinfer.gguf.checks import check_hparams
+    from localinfer.gguf.header import check_tensors
     source = spec.variants[quant].sources[0]
     size = source.parts[0].size if source.parts else spec.variants[quant].size
     n = 2 << 20

@@ -1,0 +1,68 @@
+"""The llama_cpp bindings, loaded on first use, and the router of llama.cpp's log lines.
+
+Every module of this backend reaches the engine through here, so none of them needs the session
+module (and the session, the grammar and the KV-cache code do not import one another in a ring).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections import deque
+from typing import Callable
+
+
+def engine():
+    """The llama_cpp bindings (their shared library loads on first use)."""
+    import llama_cpp  # lazy: importing loads the shared library
+    return llama_cpp
+
+
+class _Log:
+    """Routes llama.cpp's log lines: to stderr when verbose, otherwise kept for error messages."""
+
+    _DEBUG, _CONT = 1, 5   # ggml_log_level: DEBUG lines are dropped even when verbose
+
+    def __init__(self) -> None:
+        self.verbose = False
+        self.recent: deque[str] = deque(maxlen=20)
+        # Observes every fragment (level, text) as it arrives, e.g. the quantizer's per-tensor lines.
+        self.listener: Callable[[int, str], None] | None = None
+        self._level = 0
+        lib = engine()
+        # Keep a reference: llama.cpp calls through this pointer for the life of the process.
+        self._callback = lib.llama_log_callback(self._on_line)
+        lib.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_line(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level != self._CONT:
+            self._level = level
+        line = text.decode("utf-8", "replace")
+        if self.listener is not None:
+            self.listener(self._level, line)
+        if self.verbose and self._level != self._DEBUG:
+            sys.stderr.write(line)
+        elif line.strip():
+            self.recent.append(line.strip())
+
+    def last_error(self) -> str | None:
+        # "error loading model: <reason>" comes before a generic "failed to load model": prefer it.
+        for words in (("error",), ("failed", "unknown")):
+            for line in reversed(self.recent):
+                if any(word in line.lower() for word in words):
+                    return line
+        return self.recent[-1] if self.recent else None
+
+
+_log: _Log | None = None
+
+
+def init_engine(verbose: bool) -> _Log:
+    """Start llama.cpp once per process and route its log; returns the log router."""
+    global _log
+    if _log is None:
+        _log = _Log()
+        engine().llama_backend_init()
+    _log.verbose = verbose
+    _log.recent.clear()
+    return _log

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localinfer.backends import Backend, LoadOptions
-from localinfer.backends.llama.engine import engine
+from localinfer.backends.llama.engine import engine, engine_version
 
 if TYPE_CHECKING:
     from localinfer.backends.llama.session import LlamaCppSession
@@ -38,17 +38,12 @@ def _load(path: Path, options: LoadOptions) -> LlamaCppSession:
 def describe() -> dict:
     lib = engine()
     return {
-        "version": _version(),
+        "version": engine_version(),
         "gpu_offload": bool(lib.llama_supports_gpu_offload()),
         "mmap": bool(lib.llama_supports_mmap()),
         "system_info": lib.llama_print_system_info().decode().strip(),
         "metal": platform.system() == "Darwin" and platform.machine() == "arm64",
     }
-
-
-def _version() -> str:
-    from importlib.metadata import version
-    return version("llama-cpp-python")
 
 
 BACKEND = Backend(

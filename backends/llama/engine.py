@@ -66,3 +66,9 @@ def init_engine(verbose: bool) -> _Log:
     _log.verbose = verbose
     _log.recent.clear()
     return _log
+
+
+def engine_version() -> str:
+    """llama-cpp-python's version: part of what a prompt-cache entry and a verdict are keyed on."""
+    from importlib.metadata import version
+    return version("llama-cpp-python")

@@ -15,7 +15,7 @@ import numpy as np
 
 from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
-from localinfer.backends.llama.engine import engine, init_engine
+from localinfer.backends.llama.engine import engine, engine_version, init_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label
 from localinfer.backends.llama.threads import attach_shared_pool, default_threads
 from localinfer.backends.llama.vocab import GGUFVocabulary
@@ -197,7 +197,7 @@ class LlamaCppSession(GGUFVocabulary):
         """Everything that shapes the KV state: a saved state is restored only into an equal one
         (not n_ctx: a state restores exactly into any context with room for its cells)."""
         st = self._path.stat()
-        return {"backend": "llama.cpp", "engine": _version(), "model": str(self._path.resolve()),
+        return {"backend": "llama.cpp", "engine": engine_version(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
                 "kv_types": list(kv_cache_types(self._options)), "swa_full": True,

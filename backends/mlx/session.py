@@ -16,7 +16,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from localinfer.backends import Backend, LoadOptions, context_length
+from localinfer.backends import Backend, LoadOptions
+from localinfer.backends.vocab import BorrowedVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
 from localinfer.gguf.checks import checked_header
 
@@ -28,7 +29,7 @@ def _mx():
     return mx
 
 
-class MlxSession:
+class MlxSession(BorrowedVocabulary):
     """One mlx-lm model and one KV-cache sequence."""
 
     def __init__(self, path: Path, options: LoadOptions) -> None:
@@ -54,34 +55,11 @@ class MlxSession:
         self._layers = self.model.layers
         self._head = self.model["lm_head"] if "lm_head" in self.model else \
             self.model.model.embed_tokens.as_linear
-        self.metadata = self._vocab.metadata
-        self.n_vocab = self._vocab.n_vocab
-        self.n_ctx = context_length(options.n_ctx, self._vocab.n_ctx_train)
+        self._adopt_vocabulary(self._vocab, options.n_ctx)
         self.n_batch = options.n_batch
-        self.bos_token, self.eos_token = self._vocab.bos_token, self._vocab.eos_token
-        self.add_bos, self.chat_template = self._vocab.add_bos, self._vocab.chat_template
         self.n_past = 0
         self._cache = self._new_cache()
         self._out = None        # the last logits: kept alive while numpy views them
-
-    # -- tokens: llama.cpp's, so ids match the llama.cpp backend exactly ---------------------------
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
-        return self._vocab.tokenize(text, special=special)
-
-    def piece(self, token: int) -> bytes:
-        return self._vocab.piece(token)
-
-    def grammar(self, gbnf: str):
-        return self._vocab.grammar(gbnf)
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return self._vocab.detokenize(tokens)
-
-    def is_eog(self, token: int) -> bool:
-        return self._vocab.is_eog(token)
-
-    def token_text(self, token: int) -> str:
-        return self._vocab.token_text(token)
 
     # -- evaluation --------------------------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
@@ -202,9 +180,7 @@ class MlxSession:
 
     def close(self) -> None:
         self._cache = []
-        if getattr(self, "_vocab", None) is not None:
-            self._vocab.close()
-            self._vocab = None
+        self._close_vocabulary()
 
     def __del__(self) -> None:
         try:
@@ -250,7 +226,11 @@ def _is_available() -> bool:
     whose package import pulls in transformers (seconds) for nothing when another backend runs."""
     from importlib.util import find_spec
     try:
-        return all(find_spec(name) is not None for name in ("mlx.core", "mlx_lm", "llama_cpp"))
+        if not all(find_spec(name) is not None for name in ("mlx", "mlx_lm", "llama_cpp")):
+            return False
+        # mlx.core looked up where it lies: find_spec("mlx.core") would import mlx itself.
+        places = find_spec("mlx").submodule_search_locations or ()
+        return any(any(Path(place).glob("core*")) for place in places)
     except (ImportError, ValueError):
         return False
 

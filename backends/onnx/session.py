@@ -16,8 +16,9 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from localinfer.backends import Backend, LoadOptions, context_length
+from localinfer.backends import Backend, LoadOptions
 from localinfer.backends.onnx.devices import CPU, Target
+from localinfer.backends.vocab import BorrowedVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
 
 # Providers that run the dynamic graph (GroupQueryAttention, any number of tokens per call); any
@@ -39,7 +40,7 @@ class OnnxOptions:
     session_config: tuple[tuple[str, str], ...] = ()   # ORT session config entries
 
 
-class OnnxSession:
+class OnnxSession(BorrowedVocabulary):
     """One exported model on ONNX Runtime and one KV-cache sequence."""
 
     def __init__(self, path: Path, options: LoadOptions, onnx: OnnxOptions = OnnxOptions()) -> None:
@@ -61,12 +62,8 @@ class OnnxSession:
             raise ModelLoadError(f"cannot load {path.name}: {self._vocab.n_vocab} tokens but "
                                  f"{self.spec.n_vocab} embedding rows")
         self.architecture = self.spec.arch
-        self.metadata = self._vocab.metadata
-        self.n_vocab = self._vocab.n_vocab
-        self.n_ctx = context_length(options.n_ctx, self._vocab.n_ctx_train)
+        self._adopt_vocabulary(self._vocab, options.n_ctx)
         self.n_batch = max(1, options.n_batch)
-        self.bos_token, self.eos_token = self._vocab.bos_token, self._vocab.eos_token
-        self.add_bos, self.chat_template = self._vocab.add_bos, self._vocab.chat_template
         self.n_past = 0
         self._max_rows = max(1, MAX_LOGIT_BYTES // (4 * self.n_vocab))
         try:
@@ -75,25 +72,6 @@ class OnnxSession:
         except BaseException:
             self._vocab.close()
             raise
-
-    # -- tokens: llama.cpp's, so ids match the other backends exactly -----------------------------
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
-        return self._vocab.tokenize(text, special=special)
-
-    def piece(self, token: int) -> bytes:
-        return self._vocab.piece(token)
-
-    def grammar(self, gbnf: str):
-        return self._vocab.grammar(gbnf)
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return self._vocab.detokenize(tokens)
-
-    def is_eog(self, token: int) -> bool:
-        return self._vocab.is_eog(token)
-
-    def token_text(self, token: int) -> str:
-        return self._vocab.token_text(token)
 
     # -- evaluation --------------------------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
@@ -161,9 +139,7 @@ class OnnxSession:
 
     def close(self) -> None:
         self._runner = None
-        if getattr(self, "_vocab", None) is not None:
-            self._vocab.close()
-            self._vocab = None
+        self._close_vocabulary()
 
     def __del__(self) -> None:
         try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from localinfer.gguf import blocks as gguf_blocks
+
 GROUP = 32                    # MLX group size used for every converted tensor
 
 # GGUF type name -> bits for the re-quantized fallback: above the source's precision.
@@ -40,42 +42,23 @@ def convert_tensor(name: str, data: np.ndarray, type_name: str, shape: tuple[int
     qtype = GGMLQuantizationType[type_name]
     if not is_groupable(shape):         # not a matrix MLX can quantize: keep it dense
         return {name: dequantize(np.asarray(data), qtype).reshape(shape)}
-    header = _HEADERS.get(type_name)
-    if header is None:
+    bits, sub_block = gguf_blocks.GRIDS.get(type_name, (0, 0))
+    if sub_block != GROUP:      # not a grid, or Q6_K's sub-blocks of 16: no MLX group holds it
         values = dequantize(np.asarray(data), qtype).reshape(shape)
         return _requantize(base, values, _FALLBACK_BITS.get(type_name, 8))
-    bits, read = header
-    blocks = _blocks(data, qtype)
-    scales, biases = (a.reshape(shape[0], -1) for a in read(blocks))
+    grid = gguf_blocks.blocks(type_name, data)
+    scales, biases = (a.reshape(shape[0], -1) for a in gguf_blocks.scale_and_bias(type_name, grid))
     if type_name == "Q8_0":     # the codes are the bytes themselves: skip the slow dequantize
-        codes = (blocks[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        codes = codes.reshape(shape)
+        codes = gguf_blocks.q8_0_codes(grid).reshape(shape)
     else:
         values = dequantize(np.asarray(data), qtype).reshape(shape)
-        codes = _codes(values, scales, biases, bits)
+        codes = gguf_blocks.codes(values, scales, biases, GROUP, bits)
     return {f"{base}.weight": pack(codes, bits), f"{base}.scales": scales.astype(np.float16),
             f"{base}.biases": biases.astype(np.float16)}
 
 
 def is_groupable(shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and shape[-1] % GROUP == 0
-
-
-def _blocks(data: np.ndarray, qtype) -> np.ndarray:
-    from gguf.constants import GGML_QUANT_SIZES
-    _, type_size = GGML_QUANT_SIZES[qtype]
-    return np.asarray(data).view(np.uint8).reshape(-1, type_size)
-
-
-def _codes(values: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int) -> np.ndarray:
-    """The integer code of each weight on its group's grid (exact: values were made from it)."""
-    rows, cols = values.shape
-    grouped = values.reshape(rows, cols // GROUP, GROUP)
-    step = scales[..., None]
-    safe = np.where(step == 0, 1, step)
-    codes = np.rint((grouped - biases[..., None]) / safe)
-    codes = np.where(step == 0, 0, codes)
-    return np.clip(codes, 0, (1 << bits) - 1).astype(np.uint8).reshape(rows, cols)
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -101,35 +84,3 @@ def _requantize(base: str, values: np.ndarray, bits: int) -> dict[str, np.ndarra
     return {f"{base}.weight": np.array(w), f"{base}.scales": np.array(scales.astype(mx.float16)),
             f"{base}.biases": np.array(biases.astype(mx.float16))}
 
-
-# -- block headers: per-group (scale, bias) as float32, one row per block -------------------------
-def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
-    return blocks[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
-
-
-def _symmetric(offset: int):
-    """Q4_0 / Q5_0 / Q8_0: w = d * (q - offset) with one fp16 d per block of 32."""
-    def read(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        d = _f16(blocks, 0)
-        return d, -offset * d
-    return read
-
-
-def _with_min(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_1 / Q5_1: w = d * q + m."""
-    return _f16(blocks, 0), _f16(blocks, 2)
-
-
-def _k_quant(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K: 8 sub-blocks of 32, w = d * sc_j * q - dmin * m_j (6-bit sc_j, m_j)."""
-    from gguf.quants import Q4_K
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:4 + Q4_K.K_SCALE_SIZE].copy())
-    return d[:, None] * sc.astype(np.float32), -(dmin[:, None] * m.astype(np.float32))
-
-
-_HEADERS = {
-    "Q4_0": (4, _symmetric(8)), "Q5_0": (5, _symmetric(16)), "Q8_0": (8, _symmetric(128)),
-    "Q4_1": (4, _with_min), "Q5_1": (5, _with_min),
-    "Q4_K": (4, _k_quant), "Q5_K": (5, _k_quant),
-}

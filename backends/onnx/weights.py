@@ -22,11 +22,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from localinfer.gguf import blocks as gguf_blocks
+from localinfer.gguf.blocks import GRIDS
+
 ROW_SLICE = 4096              # rows converted at a time: bounds the float32 temporaries
 
-# GGUF type -> (source bits, sub-block, target bits); scale and bias come from _HEADERS.
-CARRIED = {"Q4_0": (4, 32, 4), "Q4_1": (4, 32, 4), "Q5_0": (5, 32, 8), "Q5_1": (5, 32, 8),
-           "Q8_0": (8, 32, 8), "Q4_K": (4, 32, 4), "Q5_K": (5, 32, 8), "Q6_K": (6, 16, 8)}
+# GGUF type -> (source bits, sub-block, target bits): 4-bit grids keep 4-bit codes, the others
+# take 8 (MatMulNBits has 2, 4 and 8 bits only).
+CARRIED = {name: (bits, sub, 4 if bits == 4 else 8) for name, (bits, sub) in GRIDS.items()}
 DENSE = ("F32", "F16", "BF16", "F64")
 FALLBACK_BITS, FALLBACK_BLOCK = 8, 32
 
@@ -132,29 +135,17 @@ def _convert_rows(type_name: str, raw: np.ndarray, cols: int):
         return (*_requantize(_dequantize(type_name, raw)), (FALLBACK_BITS, FALLBACK_BLOCK, False))
     src_bits, block, bits = CARRIED[type_name]
     rows = raw.shape[0]
-    blocks = _blocks(type_name, raw)
-    scale, bias = (a.reshape(rows, cols // block) for a in _HEADERS[type_name](blocks))
+    grid = gguf_blocks.blocks(type_name, raw)
+    headers = gguf_blocks.scale_and_bias(type_name, grid)
+    scale, bias = (a.reshape(rows, cols // block) for a in headers)
     if type_name == "Q8_0":       # the codes are the bytes themselves: no dequantize
-        q = (blocks[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(rows, -1)
+        q = gguf_blocks.q8_0_codes(grid).reshape(rows, -1)
     else:
-        q = _codes(_dequantize(type_name, raw), scale, bias, block, src_bits)
+        q = gguf_blocks.codes(_dequantize(type_name, raw), scale, bias, block, src_bits)
     half = 1 << (src_bits - 1)
     codes = q + np.uint8((1 << (bits - 1)) - half)
     offsets = bias + np.float32(half) * scale
     return _pack(codes, bits, block), scale, offsets.astype(np.float32), (bits, block, True)
-
-
-def _codes(v: np.ndarray, scale: np.ndarray, bias: np.ndarray, block: int, src_bits: int):
-    """Each weight's integer q on its sub-block's grid (exact: the values were made from it)."""
-    rows = v.shape[0]
-    grouped = v.reshape(rows, -1, block)
-    step = scale[..., None]
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        q = np.rint((grouped - bias[..., None]) / np.where(step == 0, 1, step))
-    # A zero, infinite or NaN scale (a damaged file) gives garbage weights, as in llama.cpp,
-    # never an invalid cast.
-    q = np.nan_to_num(np.where(step == 0, 0, q), nan=0.0, posinf=0.0, neginf=0.0)
-    return np.clip(q, 0, (1 << src_bits) - 1).astype(np.uint8).reshape(rows, -1)
 
 
 def _requantize(v: np.ndarray):
@@ -174,12 +165,6 @@ def _pack(codes: np.ndarray, bits: int, block: int) -> np.ndarray:
     return np.ascontiguousarray(codes.reshape(rows, -1, block * bits // 8))
 
 
-def _blocks(type_name: str, raw: np.ndarray) -> np.ndarray:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    _, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
-    return np.ascontiguousarray(raw).reshape(-1, size)
-
-
 def _dequantize(type_name: str, raw: np.ndarray) -> np.ndarray:
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -191,40 +176,3 @@ def _dequantize(type_name: str, raw: np.ndarray) -> np.ndarray:
         raise UnreadableTensor(f"{type_name} weights") from e
     return out.astype(np.float32).reshape(raw.shape[0], -1)
 
-
-# -- block headers: per sub-block (scale, bias) as float32, w = scale * q + bias -------------------
-def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
-    return blocks[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
-
-
-def _symmetric(half: int):
-    """Q4_0 / Q5_0 / Q8_0: w = d * (q - half), one fp16 d per block of 32."""
-    def read(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        d = _f16(blocks, 0)
-        return d, -np.float32(half) * d
-    return read
-
-
-def _with_min(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_1 / Q5_1: w = d * q + m."""
-    return _f16(blocks, 0), _f16(blocks, 2)
-
-
-def _k_quant(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K: 8 sub-blocks of 32, w = (d * sc_j) * q - dmin * m_j, as ggml computes it."""
-    from gguf.quants import Q4_K
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    sc, m = Q4_K.get_scale_min(blocks[:, 4:4 + Q4_K.K_SCALE_SIZE].copy())
-    return d[:, None] * sc.astype(np.float32), -(dmin[:, None] * m.astype(np.float32))
-
-
-def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q6_K: 16 sub-blocks of 16, w = (d * sc_j) * (q - 32) with int8 sc_j (bytes 192..207)."""
-    scale = _f16(blocks, 208)[:, None] * blocks[:, 192:208].view(np.int8).astype(np.float32)
-    return scale, -np.float32(32) * scale
-
-
-_HEADERS = {
-    "Q4_0": _symmetric(8), "Q5_0": _symmetric(16), "Q8_0": _symmetric(128),
-    "Q4_1": _with_min, "Q5_1": _with_min, "Q4_K": _k_quant, "Q5_K": _k_quant, "Q6_K": _q6_k,
-}

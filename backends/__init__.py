@@ -2,6 +2,7 @@
 
 Only modules in this package import an inference engine (llama_cpp, mlx, onnxruntime), and they do
 so lazily, so `localinfer --help` stays fast and works without any engine installed.
+One subpackage per engine (llama, mlx, onnx); vocab holds what the MLX and ONNX sessions share.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class LoadOptions:
     gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
     long_prompt: bool = False     # the first eval is a long prefill: llama.cpp's 16-bit cache
                                   # takes f16 K for the tiled attention kernel (llama/kv.py)
-    n_seq: int = 1                # KV sequences in the context (llama_batched: one per request)
+    n_seq: int = 1                # KV sequences in the context (llama/batched.py: one per request)
 
 
 class Grammar(Protocol):

@@ -7,7 +7,7 @@ coming from the operating system; a GPU's free memory is what its driver reports
 (cudaMemGetInfo for CUDA and ROCm, Metal's recommended working set less what is allocated).
 
 llama-cpp-python binds none of the registry functions, so they are bound here on the libggml
-beside the libllama the package loaded (as `llama_threads` does).
+beside the libllama the package loaded (as `threads.py` does).
 """
 
 from __future__ import annotations

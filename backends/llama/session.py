@@ -82,13 +82,13 @@ class LlamaCppSession(GGUFVocabulary):
         # Keep every sliding-window layer's cache full size (Gemma 3): only then can KV entries be
         # trimmed and a saved state be cut short and continued (the prompt cache relies on both).
         cparams.swa_full = True
-        # Several sequences share one pool of n_ctx cells (llama_batched), a short one leaving room
+        # Several sequences share one pool of n_ctx cells (batched.py), a short one leaving room
         # to a long one.
         cparams.n_seq_max = options.n_seq
         cparams.kv_unified = options.n_seq > 1
         cparams.type_k, cparams.type_v = kv_cache_types(options)
         # Flash attention, always: the kernels that read a quantized V cache, and the ones whose
-        # row-by-row path is batch-invariant (see llama_kv).
+        # row-by-row path is batch-invariant (see kv.py).
         cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
         return lib.llama_init_from_model(self._model, cparams)
 

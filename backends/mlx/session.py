@@ -1,7 +1,7 @@
 """MLX backend: GGUF models on Apple's MLX (Metal on Apple Silicon, the CPU build elsewhere).
 
-The network is mlx-lm's own model definition (see mlx_models), the weights come straight from the
-GGUF file (see mlx_weights), and tokenization is llama.cpp's, loaded vocabulary-only, so token ids
+The network is mlx-lm's own model definition (see models.py), the weights come straight from the
+GGUF file (see weights.py), and tokenization is llama.cpp's, loaded vocabulary-only, so token ids
 are identical to the llama.cpp backend's. The KV cache keeps every layer at full length, sliding-
 window layers included (their window is a mask), so it can be trimmed anywhere and a saved state
 can be restored and then trimmed, just like the llama.cpp backend with `swa_full`.

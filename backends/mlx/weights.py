@@ -1,7 +1,7 @@
 """A GGUF file's tensors as MLX arrays, under their GGUF names.
 
 `mx.load` reads F32, F16, Q4_0, Q4_1 and Q8_0 files itself. It refuses a file holding any other
-type (every K-quant file), so those are converted tensor by tensor (see mlx_convert) and the result
+type (every K-quant file), so those are converted tensor by tensor (see convert.py) and the result
 is cached in the store as safetensors: the next load is an `mx.load` of that file. The cache file
 carries a key made from the source's identity and the converter version; a stale key, a truncated
 or unreadable file, or missing tensors all mean "convert again", never "trust it".
@@ -21,7 +21,7 @@ import numpy as np
 from localinfer.backends.mlx import convert as mlx_convert
 from localinfer.gguf.header import Header
 
-CONVERTER_VERSION = 1         # bump when mlx_convert's output changes: old cache files become stale
+CONVERTER_VERSION = 1         # bump when convert.py's output changes: old cache files become stale
 NATIVE_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 _KEY = "localinfer.conversion_key"
 
@@ -54,7 +54,7 @@ def cache_path(path: Path, cache_dir: Path) -> Path:
 
 
 def convert(path: Path, header: Header) -> dict[str, np.ndarray]:
-    """Every tensor of the file as numpy arrays in MLX layout (see mlx_convert)."""
+    """Every tensor of the file as numpy arrays in MLX layout (see convert.py)."""
     alignment = int(header.metadata.get("general.alignment", 32))
     data_start = -(-header.header_size // alignment) * alignment
     raw = np.memmap(path, dtype=np.uint8, mode="r")

@@ -1,7 +1,7 @@
 """GGUF -> ONNX export, cached in the store: one weights file per model file, graphs per form.
 
-`<models>/.onnx/<stem>-<path hash>/` holds weights.bin and manifest.json (onnx_store) and one small
-graph file per form and accuracy level (onnx_forms), all referring to the same weights. The export
+`<models>/.onnx/<stem>-<path hash>/` holds weights.bin and manifest.json (store.py) and one small
+graph file per form and accuracy level (forms.py), all referring to the same weights. The export
 key is made from the GGUF file's identity (path, size, modification time) and the exporter's
 version: a folder with another key, a manifest that does not check out, or a graph that does not
 parse or names another key is built again, never trusted. A new export is written into a temporary

@@ -9,7 +9,7 @@
   each call gets the whole cache, an additive mask and the rope rows of its positions, and returns
   the T new K/V rows. A prefill shape and a decode shape (T=1) share the weights.
 
-Both compute llama.cpp's model (onnx_arch) in float32; MatMulNBits' accuracy_level picks exact
+Both compute llama.cpp's model (arch.py) in float32; MatMulNBits' accuracy_level picks exact
 float arithmetic (0) or int8 activations (4, llama.cpp's own choice on CPU, several times faster).
 """
 

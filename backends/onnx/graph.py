@@ -1,7 +1,7 @@
 """Building blocks of the exported graphs: a small node builder and the layers both forms share.
 
 Weights are never inside a graph file: every graph of a model refers by offset to the one weights
-file the export wrote (onnx_store), so the dynamic graph and the static prefill and decode graphs
+file the export wrote (store.py), so the dynamic graph and the static prefill and decode graphs
 share them, and a new graph form costs a few kilobytes, not another copy of the model.
 """
 

@@ -1,7 +1,7 @@
 """ONNX Runtime backend: the GGUF files users already have, exported to ONNX and run on an
 execution provider (the CPU here; NPU providers through the static graph form).
 
-The export (onnx_export) is made once per model file and cached in the store. Tokenization is
+The export (export.py) is made once per model file and cached in the store. Tokenization is
 llama.cpp's, loaded vocabulary-only, so token ids match the other backends. The KV cache keeps
 every position of every layer (sliding-window layers mask, they do not drop), so it can be trimmed
 anywhere and a saved state restored and then trimmed, like the llama.cpp backend with `swa_full`.
@@ -34,7 +34,7 @@ class OnnxOptions:
     """How the export runs; the defaults are `--backend onnx`'s."""
 
     accuracy: int = 4              # MatMulNBits accuracy_level: 0 exact float32, 4 int8 activations
-    target: Target = CPU           # the provider and device (onnx_devices)
+    target: Target = CPU           # the provider and device (devices.py)
     form: str = "auto"             # "dynamic", "static", or by provider
     prefill_tokens: int = 64       # static form: tokens per prefill call
     session_config: tuple[tuple[str, str], ...] = ()   # ORT session config entries
@@ -222,7 +222,7 @@ def _supports_architecture(architecture: str) -> bool:
 
 
 def _auto_blocker(path: Path | None = None) -> str | None:
-    """`auto` takes ONNX only where an NPU runs the model's whole graph (onnx_npu); on a CPU
+    """`auto` takes ONNX only where an NPU runs the model's whole graph (npu.py); on a CPU
     llama.cpp keeps the model: its KV-cache types, GPU layers and memory fit are not here."""
     from localinfer.backends.onnx import npu as onnx_npu
     decision = onnx_npu.decide(path)

@@ -9,7 +9,7 @@ input: the fast kernels). Every GGUF block format read here is w = scale * q + b
     offset = bias + 2^(src_bits-1) * scale,
 
 where offset is 0 for the symmetric formats (Q4_0, Q5_0, Q8_0, Q6_K). For the others (Q4_1, Q5_1,
-Q4_K, Q5_K) the graph adds each block's input sum times the block's offset (see onnx_graph):
+Q4_K, Q5_K) the graph adds each block's input sum times the block's offset (see graph.py):
 exact, and MatMulNBits stays on its fast path (float zero points take one 30-60x slower). 4-bit
 sources keep 4-bit codes; 5- and 6-bit ones get 8-bit codes (ORT has 2, 4 and 8 bits only).
 Other formats (Q2_K, Q3_K, the IQ types) are dequantized with `gguf` and quantized at 8 bits per

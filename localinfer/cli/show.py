@@ -21,7 +21,7 @@ from localinfer.models.refs import ModelRef
 from localinfer.user_config import toml_value
 
 TEMPLATE_KEY = "tokenizer.chat_template"
-# Control tokens shown as text before "... and N more"; --json lists up to gguf_tokens' bound.
+# Control tokens shown as text before "... and N more"; --json lists up to gguf/tokens.py's bound.
 SHOWN_CONTROL = 24
 
 

@@ -1,7 +1,7 @@
 """The GPUs of this machine: what of their memory a budget counts, and, when the engine cannot use
 the GPU that is there, the exact command that rebuilds it so that it can.
 
-The devices come from the engine (`backends.llama_devices`); these are pure functions of that
+The devices come from the engine (`backends/llama/devices.py`); these are pure functions of that
 list, so every machine in the tests is a described one. `present` is the one place here that looks
 at the machine itself: it names the GPU drivers the operating system has loaded.
 """

@@ -1,1 +1,6 @@
-"""The GGUF file format: header, checks before an engine sees a file, split parts, quant blocks."""
+"""The GGUF file format, read without an engine: the bounded header reader (header), what llama.cpp
+would abort on (checks), split models (split), quant blocks as grids (blocks), special tokens
+(tokens).
+
+May import: errors, units, settings. Nothing above it.
+"""

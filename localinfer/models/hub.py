@@ -174,7 +174,7 @@ MAX_REMOTE_HEADER = 64 << 20      # Gemma 3's 262k-token vocabulary takes 4 MB o
 def remote_header(spec: ModelSpec, quant: str) -> tuple[Header, int]:
     """The GGUF header at the start of a variant's (first) file, and that file's size, read with
     range requests of growing length (a few MB) instead of the download: what auto-fit needs to
-    choose a quant before pulling any. Checked as a file on disk would be (gguf_checks)."""
+    choose a quant before pulling any. Checked as a file on disk would be (gguf/checks.py)."""
     from localinfer.gguf.checks import check_hparams
     from localinfer.gguf.header import check_tensors
     source = spec.variants[quant].sources[0]

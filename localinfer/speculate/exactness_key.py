@@ -11,7 +11,7 @@ sums of thousands of terms, which shows in some of the 16 x n_vocab logits compa
 weights. So the verdict carries over to every file with the same header facts: a copy with another
 chat template, name or tokenizer, or a fine-tune of the same shapes and types.
 
-The header is read with the checked reader's limits (gguf_header: bounded counts and text), and
+The header is read with the checked reader's limits (gguf/header.py: bounded counts and text), and
 only what llama.cpp itself builds the graph from enters the key; nothing in it is trusted to be
 true of the weights, which the key does not need.
 """

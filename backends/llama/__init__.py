@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localinfer.backends import Backend, LoadOptions
-from localinfer.backends.llama.engine import engine, engine_version
+# The module, not its function: `from localinfer.backends.llama.engine import engine` here would
+# make the package's attribute `engine` the function, and `from ...llama import engine` with it.
+from localinfer.backends.llama import engine as bindings
 
 if TYPE_CHECKING:
     from localinfer.backends.llama.session import LlamaCppSession
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 
 def _is_available() -> bool:
     try:
-        engine()
+        bindings.engine()
     except (ImportError, OSError):
         return False
     return True
@@ -36,9 +38,9 @@ def _load(path: Path, options: LoadOptions) -> LlamaCppSession:
 
 
 def describe() -> dict:
-    lib = engine()
+    lib = bindings.engine()
     return {
-        "version": engine_version(),
+        "version": bindings.engine_version(),
         "gpu_offload": bool(lib.llama_supports_gpu_offload()),
         "mmap": bool(lib.llama_supports_mmap()),
         "system_info": lib.llama_print_system_info().decode().strip(),

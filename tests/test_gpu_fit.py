@@ -20,7 +20,7 @@ from localinfer.backends import LoadOptions
 from localinfer.backends.llama import devices as llama_devices
 from localinfer.backends.llama.devices import Device, placed_layers
 from localinfer.fit import gpu, memory, rules
-from conftest import MODELS_HOME, run_cli
+from helpers import MODELS_HOME, run_cli
 
 GiB = 1024 ** 3
 
@@ -213,9 +213,11 @@ def test_a_gpu_with_too_little_free_memory_gets_some_layers(models_home, small_g
         return real_load(path, params)
     monkeypatch.setattr(lib, "llama_model_load_from_file", load)
     from localinfer.fit import auto
+    from localinfer.fit.options import FitOptions
+    from localinfer.models import refs
     monkeypatch.setenv("LOCALINFER_HOME", str(models_home))
-    fitted = auto.resolve("smollm2", quant="auto", n_ctx=0, kv_type=None, memory_budget=None,
-                          offline=True)
+    fit = FitOptions(offline=True)
+    fitted = auto.resolve(refs.name("smollm2", fit.quant, offline=True), fit)
     assert 0 < fitted.gpu_layers < 31            # a split: SmolLM2 has 30 layers + output
     code, out, err = in_process(monkeypatch, capsys, "run", "smollm2", "Hi", "-n", "2", "--temp",
                                 "0", "-v", "--json", "--no-cache", "--draft", "none", "--offline")

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "localinfer"
 # Lowest first. A module may import its own package and any package before it; `backends` is the
 # engine boundary (installed as localinfer.backends from ROOT/backends).
 LAYERS = ["errors", "units", "settings", "gguf", "user_config", "models", "backends", "quant",
-          "engine", "cache", "speculate", "fit", "measure", "server", "cli"]
+          "engine", "cache", "speculate", "fit", "pipeline", "api", "measure", "server", "cli"]
 TERMINAL = ("typer", "rich", "click")
 MAX_LINES = 420
 

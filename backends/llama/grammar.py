@@ -63,7 +63,10 @@ class Grammar:
             self._sampler = None
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except ImportError:     # at interpreter exit the bindings cannot be reached; nor needed
+            pass
 
     def _apply(self, rows: _TokenRows, ids: np.ndarray) -> np.ndarray:
         view = rows.view[:len(ids)]

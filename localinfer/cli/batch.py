@@ -13,13 +13,13 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, OUTPUT, ctx_option, engine_log, fit_model,
+from localinfer.cli.options import (CONTEXT, OUTPUT, ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
                                     min_p_option, model_argument, offline_option, quant_option,
-                                    raw_option, repeat_penalty_option, seed_option, stop_option,
-                                    system_option, temp_option, threads_option, top_k_option,
-                                    top_p_option, verbose_option)
+                                    raw_option, repeat_penalty_option, reporter, seed_option,
+                                    stop_option, system_option, temp_option, threads_option,
+                                    top_k_option, top_p_option, verbose_option)
 from localinfer.errors import EXIT_RUNTIME, LocalinferError, UsageError
 from localinfer.units import counted
 
@@ -81,9 +81,11 @@ def map_lines(
     output = from_options(json_schema, grammar)
     feed = _input_lines(ahead=2 * parallel)
     feed.peek()                 # a first line that is not text is refused before the model loads
-    _, batch = open_batch(model, parallel=parallel, ctx=ctx, quant=quant, memory_=memory_,
-                          threads=threads, offline=offline, kv_type=kv_type,
-                          gpu_layers=gpu_layers, verbose=engine_log(verbose))
+    from localinfer.pipeline import load
+    fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
+                              gpu_layers=gpu_layers, offline=offline), reporter()
+    _, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
+                               threads=threads, engine_log=engine_log(verbose))
     try:
         printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
                                               system=system, raw=raw,
@@ -105,40 +107,6 @@ def _input_lines(ahead: int) -> _Feed:
         raise UsageError("map reads its lines from stdin: pipe them in (`... | localinfer map "
                          "MODEL \"...{}...\"`)")
     return _Feed(lines, ahead)
-
-
-def open_batch(model: str, *, parallel: int, ctx: int, quant: str, memory_: str | None,
-               threads: int, offline: bool, shared: bool = False, kv_type: str | None = None,
-               gpu_layers: str = "auto", verbose: bool = False):
-    """(the model reference, a SequenceBatch of `parallel` request sequences plus the shared
-    prefix's), fitted to the memory budget as `run` fits: map's and serve's. `ctx` is each
-    request's context (map), or with `shared` the pool they share, any one of them able to use
-    it all (serve; 0: the model's trained context, as far as the memory budget allows).
-    `kv_type`, `gpu_layers` (a --gpu-layers value) and `verbose` (the engine's log) as `run`'s."""
-    from dataclasses import replace
-
-    from localinfer.backends import context_length
-    from localinfer.backends.llama.batched import SequenceBatch
-    from localinfer.cli.options import parse_gpu_layers
-    from localinfer.fit import auto, memory
-    from localinfer.models import refs
-    ref, options, _ = fit_model(model, quant=quant, ctx=ctx if shared else ctx * parallel,
-                                kv_type=kv_type, memory_budget=memory_, threads=threads,
-                                verbose=verbose, offline=offline, gpu_layers=gpu_layers)
-    path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
-                       notify=console.note, download_bar=console.download_bar)
-    if shared and not ctx:      # the fit above is run's default context; grow it to the trained one
-        trained = memory.facts_from_file(path).context_length
-        fitted = options.n_ctx or context_length(0, trained)
-        if trained > fitted:
-            placed = auto.place_file(path, n_ctx=trained, memory_budget=memory_, min_ctx=fitted,
-                                     kv_type=kv_type, gpu_layers=parse_gpu_layers(gpu_layers))
-            if placed.fits:
-                for note in placed.notes:
-                    console.note(note)
-                options = replace(options, n_ctx=placed.n_ctx, kv_type=placed.kv_type,
-                                  gpu_layers=placed.gpu_layers)
-    return ref, SequenceBatch(path, options, parallel + 1)
 
 
 def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool) -> _InOrder:

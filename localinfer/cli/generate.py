@@ -3,33 +3,24 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
-from localinfer.backends import LoadOptions
 from localinfer.cli import console, shell
 from localinfer.cli.options import (CONTEXT, backend_option, check_backend, ctx_option,
-                                    draft_max_option, draft_option, engine_log, fit_model,
+                                    draft_max_option, draft_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_option,
                                     json_schema_option, kv_type_option, max_tokens_option,
                                     memory_option, min_p_option, model_argument, no_cache_option,
-                                    offline_option, open_ref, parse_gpu_layers, quant_option,
-                                    raw_option, repeat_penalty_option, seed_option, stop_option,
+                                    offline_option, parse_gpu_layers, quant_option, raw_option,
+                                    repeat_penalty_option, reporter, seed_option, stop_option,
                                     system_option, temp_option, threads_option, top_k_option,
                                     top_p_option, verbose_option)
-from localinfer.errors import UsageError
+from localinfer.errors import LocalinferError, UsageError
 
-# The decode loop, the prompt cache and their numpy are imported inside the commands: `list` or
-# `quantize` should not pay for them at start-up.
-if TYPE_CHECKING:
-    from localinfer.cache.prompt_cache import PromptCache
-    from localinfer.fit.request import Request
-    from localinfer.engine.decode import Generation, Limits
-    from localinfer.engine.load import LoadedModel
-    from localinfer.engine.sampling import SamplingParams
-    from localinfer.engine.structured import OutputFormat
-    from localinfer.speculate.verify import SpeculativeGeneration
+# The decode loop, the prompt cache and their numpy are imported inside the commands (through
+# pipeline/): `list` or `quantize` should not pay for them at start-up.
 
 CTX_HELP = ("Context length; 0 = sized to the prompt and the reply's room (at least 4096, at "
             "most the model's trained context).")
@@ -91,103 +82,41 @@ def run(
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
     from localinfer.fit.request import Request
+    from localinfer.pipeline import generate as pipeline, load
     _check_max_tokens(max_tokens)
     check_backend(backend)
     output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
-    fit = dict(quant=quant, ctx=ctx, kv_type=kv_type, memory_budget=memory_, threads=threads,
-               verbose=engine_log(verbose), offline=offline, gpu_layers=gpu_layers)
+    fit = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
+                      gpu_layers=gpu_layers, offline=offline)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
-    limits = Limits(max_tokens, tuple(stop))
     if prompt is None and console.interactive(sys.stdin):    # `run MODEL` on a terminal: chat
         return chat(model, system=system, raw=raw, temp=temp, top_k=top_k, top_p=top_p,
                     min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
                     stop=stop, ctx=ctx, quant=quant, memory_=memory_, kv_type=kv_type,
                     no_cache=no_cache, json_schema=json_schema, grammar=grammar, verbose=verbose,
                     backend=backend, threads=threads, gpu_layers=gpu_layers, offline=offline)
+    report = reporter()
+    named = load.name(model, fit, report)
     # The prompt is read before the fit: the context is sized to it.
     request = Request(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
                       max_tokens, truncate)
-    loaded, options, tokens = _open_for(model, request, fit, backend=backend)
+    ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop)), draft=draft, draft_max=draft_max,
+                       output=output, use_cache=not no_cache)
+    loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
+                                          threads=threads, engine_log=engine_log(verbose),
+                                          probe_note=console.interactive())
     session = loaded.session
     if system and not raw and not uses_chat_template(session, raw):
         console.warn("this model has no chat template; --system is ignored")
-    generation = _generation(loaded, tokens, params, limits, draft=draft, draft_max=draft_max,
-                             offline=offline, options=options, output=output,
-                             store=prompt_cache.open_for(session, enabled=not no_cache))
-    generation.stats.load_s = loaded.load_s
     text = shell.emit(generation, loaded, as_json=as_json, verbose=verbose > 0)
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
-    _check_complete(output, text, generation, loaded, limits)
+    problem = pipeline.incomplete_answer(ask, text, generation, loaded)
+    if problem:
+        raise LocalinferError(problem)
     if generation.stats.finish_reason == "context":
         console.note(f"the reply stopped at the end of the context ({session.n_ctx:,} tokens); "
                      "-n N sizes the context for a longer one (or --ctx N)")
-
-
-def _open_for(model: str, request: Request, fit: dict, *,
-              backend: str) -> tuple[LoadedModel, LoadOptions, list[int]]:
-    """The model loaded with a context sized to the request's prompt, and the prompt's tokens. A
-    prompt fitted on a likely bound is counted by the loaded model; in the rare case it needs a
-    larger context than it got, the fit is made again with that count and the model loaded again."""
-    from localinfer.engine.prompt import prompt_tokens
-    from localinfer.fit.request import holds
-    ref, options, sized = fit_model(model, **fit, request=request)
-    loaded = open_ref(ref, backend=backend, offline=fit["offline"], options=options)
-    tokens = prompt_tokens(loaded.session, sized.prompt)
-    if holds(sized, len(tokens), ctx=fit["ctx"], reply=request.reply):
-        return loaded, options, tokens
-    again, options_again, sized = fit_model(model, **fit, request=request, vocab=loaded.session)
-    if (again, options_again) != (ref, options):
-        loaded.session.close()
-        loaded = open_ref(again, backend=backend, offline=fit["offline"], options=options_again)
-    return loaded, options_again, prompt_tokens(loaded.session, sized.prompt)
-
-
-def _generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, limits: Limits, *,
-                draft: str, draft_max: int, offline: bool, options: LoadOptions,
-                output: OutputFormat | None,
-                store: PromptCache | None) -> Generation | SpeculativeGeneration:
-    """Plain decoding, or speculative decoding with the drafter --draft names; constrained to
-    `output`'s grammar when there is one."""
-    from localinfer.engine.constrain import ConstrainedSampler
-    from localinfer.engine.decode import Generation
-    from localinfer.engine.kv import KVCache
-    from localinfer.engine.sampling import make_sampler
-    cache = KVCache(loaded.session, store)
-    grammar = loaded.session.grammar(output.gbnf) if output else None
-
-    def plain() -> Generation:
-        sampler = ConstrainedSampler(params, grammar) if grammar else make_sampler(params)
-        return Generation(cache, tokens, sampler, limits)
-    if draft_max == 0:
-        return plain()
-    from localinfer.speculate import choose
-    drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
-                                  notify=console.note)
-    if drafter is None:
-        return plain()
-    return choose.speculative(loaded, cache, tokens, params, limits, drafter, max_draft=draft_max,
-                              grammar=grammar,
-                              notify=console.note if console.interactive() else None)
-
-
-def _check_complete(output: OutputFormat | None, text: str,
-                    generation: Generation | SpeculativeGeneration, loaded: LoadedModel,
-                    limits: Limits) -> None:
-    """A schema's answer that a limit cut short is a failure (exit 1), said in one line that
-    names the limit: "stop" is a --stop string only when one is in what the model wrote (the
-    text printed stops before it), else the model's end-of-generation token."""
-    from localinfer.engine.structured import incomplete
-    from localinfer.errors import LocalinferError
-    if not output:
-        return
-    finish = generation.stats.finish_reason
-    written = loaded.session.detokenize(generation.tokens).decode("utf-8", "replace") \
-        if finish == "stop" and limits.stop else ""
-    problem = incomplete(output, text, finish,
-                         stop_string=any(s and s in written for s in limits.stop))
-    if problem:
-        raise LocalinferError(problem)
 
 
 def chat(
@@ -230,11 +159,13 @@ def chat(
                             repeat_penalty=repeat_penalty, seed=seed)
     check_backend(backend)
     output = from_options(json_schema, grammar)
-    ref, options, _ = fit_model(model, quant=quant, ctx=ctx, kv_type=kv_type,
-                                memory_budget=memory_, threads=threads,
-                                verbose=engine_log(verbose), offline=offline,
-                                gpu_layers=gpu_layers)
-    loaded = open_ref(ref, backend=backend, offline=offline, options=options)
+    from localinfer.pipeline import load
+    fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
+                              gpu_layers=gpu_layers, offline=offline), reporter()
+    fitted = load.fit_model(load.name(model, fit, report), fit, report, threads=threads,
+                            engine_log=engine_log(verbose))
+    options = fitted.options
+    loaded = load.open_ref(fitted.ref, options, backend=backend, offline=offline, report=report)
     chat_repl.repl(loaded, params, system=system, limits=Limits(max_tokens, tuple(stop)),
                    verbose=verbose > 0, use_cache=not no_cache, output=output, raw=raw,
                    grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,

@@ -14,7 +14,9 @@ from localinfer.backends import LoadOptions
 from localinfer.cli import console
 from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, ctx_option, draft_option,
                                     gpu_layers_option, json_option, model_argument,
-                                    offline_option, open_model, threads_option)
+                                    offline_option, parse_gpu_layers, reporter,
+                                    threads_option)
+from localinfer.pipeline.load import open_model
 from localinfer.errors import UsageError
 from localinfer.units import counted, human_size
 
@@ -62,8 +64,8 @@ def bench(
     # --draft measures its own prompts (short ones), on the exact cache drafting needs.
     options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads,
                           long_prompt=draft == "none" and n_prompt >= LONG_PROMPT_TOKENS)
-    loaded = open_model(model, backend=backend, offline=offline, options=options,
-                        gpu_layers=gpu_layers)
+    loaded = open_model(model, options, backend=backend, offline=offline, report=reporter(),
+                        place=True, gpu_layers=parse_gpu_layers(gpu_layers))
     if draft != "none":
         _bench_speculation(loaded, draft, n_gen=n_gen, repetitions=repetitions, options=options,
                            offline=offline, as_json=as_json)
@@ -209,8 +211,9 @@ def eval_cmd(
     from localinfer.measure import quality
     words = quality.read_text(text)
     options = LoadOptions(n_ctx=ctx, n_threads=threads, n_batch=ctx)
-    loaded = open_model(model, backend=backend, offline=offline, options=options)
-    ref = open_model(reference, backend=backend, offline=offline, options=options) if reference else None
+    loaded = open_model(model, options, backend=backend, offline=offline, report=reporter())
+    ref = open_model(reference, options, backend=backend, offline=offline,
+                     report=reporter()) if reference else None
     tokens = quality.tokens_for(loaded.session, words)
     if ref is not None and quality.tokens_for(ref.session, words) != tokens:
         raise UsageError("the reference model tokenizes the text differently; "

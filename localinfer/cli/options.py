@@ -1,5 +1,5 @@
-"""Options several commands share, the ranges their values must keep, and the step from a model
-option to a loaded model (fitted to memory for `run` and `chat`, as named for the others).
+"""Options several commands share, the ranges their values must keep, and the step from them to
+the library's options (pipeline/ does the rest: fit, load, generate).
 
 The ranges are llama.cpp's: past them it aborts the process (100,000 threads: std::bad_alloc),
 overruns its fixed-size tables (more than GGML_MAX_N_THREADS threads), truncates (n_ctx is 32 bits
@@ -11,26 +11,19 @@ beyond the CPUs make each step far slower (measured on 2 CPUs: 16 threads took 2
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import typer
 
-from localinfer.backends import BACKEND_CHOICES, LoadOptions
+from localinfer.backends import BACKEND_CHOICES
 from localinfer.cli import console
 from localinfer.errors import UsageError
-from localinfer.models import refs
-
-if TYPE_CHECKING:
-    from localinfer.backends import Session
-    from localinfer.engine.load import LoadedModel
-    from localinfer.fit.request import Request, Sized
+from localinfer.fit.options import FitOptions, Reporter, gpu_layers_count
+from localinfer.pipeline.load import check_backend  # noqa: F401 - the commands' check, re-exported
 
 GGML_MAX_N_THREADS = 512      # ggml.h: the size of the thread pool's tables
 # Tokens of context (and of one `eval` chunk, which is also its batch). The longest context any
 # model is trained for is 10M tokens (Llama 4 Scout); memory bounds it further at run time.
 MAX_CTX = 1 << 24
-# --gpu-layers: llama.cpp's own limit on a model's layers is 512 (LLAMA_MAX_LAYERS); more means all.
-MAX_GPU_LAYERS = 1 << 16
 
 
 def usable_cpus() -> int:
@@ -196,13 +189,10 @@ def check_gpu_layers(value: str) -> str:
 
 def parse_gpu_layers(value: str) -> int | None:
     """--gpu-layers as a count (None for auto); anything else is refused before llama.cpp sees it."""
-    text = value.strip().lower()
-    if text == "auto":
-        return None
-    if not text.isascii() or not text.isdigit() or int(text) > MAX_GPU_LAYERS:
-        raise typer.BadParameter(f"must be auto, 0 (CPU only) or a number of layers up to "
-                                 f"{MAX_GPU_LAYERS}, not {value}")
-    return int(text)
+    try:
+        return gpu_layers_count(value)
+    except UsageError as e:
+        raise typer.BadParameter(str(e).removeprefix("--gpu-layers ")) from None
 
 
 def ctx_option(default: int, minimum: int, help_text: str):
@@ -227,66 +217,17 @@ def json_option(help_text: str = "Print JSON."):
     return typer.Option(False, "--json", rich_help_panel=OUTPUT, help=help_text)
 
 
-def check_backend(backend: str) -> None:
-    if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
-        raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
+# -- from the options to the library's --------------------------------------------------------
+def reporter() -> Reporter:
+    """The fit's and the pull's notes and bars on stderr (bars on a terminal only)."""
+    return Reporter(notify=console.note, progress=console.interactive(),
+                    quantize_bar=lambda: console.progress_bar("quantizing"),
+                    download_bar=console.download_bar)
 
 
-# -- from the model option to a loaded model ------------------------------------------------------
-def fit_model(model: str, *, quant: str, ctx: int, kv_type: str | None, memory_budget: str | None,
-              threads: int, verbose: bool, offline: bool, gpu_layers: str = "auto",
-              request: Request | None = None, vocab: Session | None = None
-              ) -> tuple[refs.ModelRef, LoadOptions, Sized | None]:
-    """The variant, context, KV type and GPU layers that fit the memory budget (pulled or
-    quantized if need be; notes on stderr). With `run`'s `request` the context is sized to its
-    prompt (fit.request; `vocab`, a loaded model, counts it), and the sizing comes back with the
-    prompt as it is to be sent (--truncate may cut it)."""
-    from localinfer.fit import auto, request as sizing
-    fit = dict(quant=quant, kv_type=kv_type, memory_budget=memory_budget, offline=offline,
-               notify=console.note, progress=console.interactive(),
-               quantize_bar=lambda: console.progress_bar("quantizing"),
-               download_bar=console.download_bar,
-               gpu_layers=_gpu_layers(gpu_layers))
-    if request is None:
-        chosen, sized = auto.resolve(model, n_ctx=ctx, **fit), None
-    else:
-        sized = sizing.resolve(request, model, ctx=ctx, vocab=vocab, **fit)
-        chosen = sized.resolved
-    for note in (*chosen.notes, *(sized.notes if sized else ())):
-        console.note(note)
-    from localinfer.engine.prompt import is_long
-    return chosen.ref, LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=verbose,
-                                   kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers,
-                                   long_prompt=sized is not None and is_long(sized.prompt)), sized
-
-
-def open_model(model: str, *, backend: str, offline: bool, options: LoadOptions,
-               gpu_layers: str | None = None) -> LoadedModel:
-    """Load the model a name or path names, pulling it first if need be; `gpu_layers` (a
-    --gpu-layers value) places its layers as `run` would, None keeps `options`'."""
-    check_backend(backend)
-    _, cat, _ = refs.context()
-    return open_ref(refs.parse_ref(model, cat, offline=offline, notify=console.note),
-                    backend=backend, offline=offline, options=options, gpu_layers=gpu_layers)
-
-
-def open_ref(ref: refs.ModelRef, *, backend: str, offline: bool, options: LoadOptions,
-             gpu_layers: str | None = None) -> LoadedModel:
-    from dataclasses import replace
-
-    from localinfer.engine.load import load_model
-    path = refs.locate(ref, refs.model_store(), offline=offline, progress=console.interactive(),
-                       notify=console.note, download_bar=console.download_bar)
-    if gpu_layers is not None:
-        from localinfer.fit import auto
-        placed = auto.place_file(path, n_ctx=options.n_ctx, kv_type=options.kv_type,
-                                 gpu_layers=_gpu_layers(gpu_layers))
-        options = replace(options, gpu_layers=placed.gpu_layers)
-    return load_model(ref, path, backend=backend, options=options)
-
-
-def _gpu_layers(value: str) -> int | None:
-    try:
-        return parse_gpu_layers(value)
-    except typer.BadParameter as e:     # a caller that skipped the option's check
-        raise UsageError(f"--gpu-layers {e}") from None
+def fit_options(*, quant: str = "auto", ctx: int = 0, kv_type: str | None = None,
+                memory: str | None = None, gpu_layers: str = "auto",
+                offline: bool = False) -> FitOptions:
+    """The fit's options from the command line's (--gpu-layers as written)."""
+    return FitOptions(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory,
+                      gpu_layers=gpu_layers_count(gpu_layers), offline=offline)

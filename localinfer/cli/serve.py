@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import (CONTEXT, SERVER, ctx_option, engine_log, gpu_layers_option,
-                                    kv_type_option, memory_option, min_p_option, offline_option,
-                                    quant_option, repeat_penalty_option, seed_option,
-                                    system_option, temp_option, threads_option, top_k_option,
-                                    top_p_option, verbose_option)
+from localinfer.cli.options import (CONTEXT, SERVER, ctx_option, engine_log, fit_options,
+                                    gpu_layers_option, kv_type_option, memory_option,
+                                    min_p_option, offline_option, quant_option,
+                                    repeat_penalty_option, reporter, seed_option, system_option,
+                                    temp_option, threads_option, top_k_option, top_p_option,
+                                    verbose_option)
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
     from localinfer.engine.sampling import SamplingParams
+    from localinfer.fit.options import FitOptions
 
 DEFAULT_MODEL = "smollm2"
 KEY_ENV = "LOCALINFER_API_KEY"
@@ -99,8 +101,9 @@ def serve(
         _serve(sock, model, host=host, port=port, parallel=parallel, queue=queue, key=key,
                cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, params=params, system=system, verbose=verbose,
-               load=dict(ctx=ctx, quant=quant, memory_=memory_, threads=threads, offline=offline,
-                         kv_type=kv_type, gpu_layers=gpu_layers, verbose=engine_log(verbose)),
+               fit=fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
+                               gpu_layers=gpu_layers, offline=offline),
+               load=dict(threads=threads, engine_log=engine_log(verbose)),
                use_cache=not no_cache)
     finally:
         sock.close()
@@ -108,16 +111,18 @@ def serve(
 
 def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int, key, cors,
            hosts, request_timeout: float, params: SamplingParams, system: str | None,
-           verbose: int, load: dict, use_cache: bool) -> None:
+           verbose: int, fit: FitOptions, load: dict, use_cache: bool) -> None:
     """Load the model, then answer requests on `sock` until a stop is asked for."""
     from localinfer.cache import prompt_cache
-    from localinfer.cli.batch import open_batch
+    from localinfer.pipeline import load as pipeline
     from localinfer.engine.prompt import uses_chat_template
     from localinfer.server import guard, listen
     from localinfer.server.api import Served, make_app
     from localinfer.server.requests import Defaults
     from localinfer.server.worker import Worker
-    ref, batch = open_batch(model, parallel=parallel, shared=True, **load)
+    report = reporter()
+    ref, batch = pipeline.open_batch(pipeline.name(model, fit, report), fit, report,
+                                     parallel=parallel, shared=True, **load)
     try:
         if system is not None and not uses_chat_template(batch.session, False):
             console.warn("this model has no chat template; --system is ignored")

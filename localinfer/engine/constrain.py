@@ -112,3 +112,8 @@ class ConstrainedSampler:
         self.grammar.accept(token)
         self.picked += 1
         return token
+
+
+def sampler_for(params: SamplingParams, grammar: Grammar | None = None):
+    """The sampler a generation uses: constrained to `grammar` when there is one, else plain."""
+    return ConstrainedSampler(params, grammar) if grammar is not None else make_sampler(params)

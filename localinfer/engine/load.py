@@ -22,6 +22,7 @@ class LoadedModel:
     backend: str
     backend_reason: str
     load_s: float
+    options: LoadOptions | None = None      # as it was loaded with
 
 
 def load_model(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions) -> LoadedModel:
@@ -36,7 +37,7 @@ def load_model(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions)
     start = time.perf_counter()
     session = chosen.load(path, options)
     return LoadedModel(ref, path, session, choice.backend, choice.reason,
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, options)
 
 
 def _split_backend(path: Path, requested: str) -> str:

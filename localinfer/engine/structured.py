@@ -42,10 +42,16 @@ def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat |
         return from_schema(_parse_json(text, where), where)
     if grammar is not None:
         where = f"--grammar {grammar}"
-        text = _read(Path(grammar), where, MAX_GRAMMAR_BYTES)
-        _check_grammar(text, where)
-        return OutputFormat(text, False)
+        return from_grammar(_read(Path(grammar), where, MAX_GRAMMAR_BYTES), where)
     return None
+
+
+def from_grammar(gbnf: str, where: str) -> OutputFormat:
+    """GBNF text (a file's, or the Python API's `grammar`), checked as --grammar's is."""
+    if len(gbnf.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise UsageError(f"{where}: over {MAX_GRAMMAR_BYTES:,} bytes")
+    _check_grammar(gbnf, where)
+    return OutputFormat(gbnf, False)
 
 
 def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputFormat:

@@ -7,15 +7,14 @@ finds it on disk). Every decision about what fits is left to the pure functions 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, ContextManager
 
 from localinfer import settings
 from localinfer.backends import context_length
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.fit import memory, rules
+from localinfer.fit.options import FitOptions, Notify, QuantizeBar, Reporter
 from localinfer.models import refs
 from localinfer.units import parse_size
 
@@ -23,10 +22,6 @@ from localinfer.units import parse_size
 # of which needs an importance matrix. Legacy and IQ types add little between these steps.
 AUTO_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M",
               "Q3_K_S", "Q2_K")
-
-Notify = Callable[[str], None]
-# A progress display for one quantization, handed in by the command line (nothing on a pipe).
-QuantizeBar = Callable[[], ContextManager[Callable[[int, int, str], None] | None]]
 
 
 @dataclass(frozen=True)
@@ -54,38 +49,39 @@ class Fitting:
                          kv_type=self.kv_type, gpu_layers=self.gpu_layers, min_ctx=self.min_ctx)
 
 
-def resolve(model: str, *, quant: str, n_ctx: int, kv_type: str | None, memory_budget: str | None,
-            offline: bool = False, notify: Notify = lambda _: None, progress: bool = False,
-            quantize_bar: QuantizeBar = nullcontext, gpu_layers: int | None = None,
-            min_ctx: int = rules.MIN_CTX, download_bar=None) -> Resolved:
+def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
+            n_ctx: int | None = None, min_ctx: int = rules.MIN_CTX) -> Resolved:
     """Pick (pulling or quantizing if need be) what to load so that it fits; a LocalinferError
-    naming the shortfall and what would make it fit when nothing does. The context may be
-    shortened to fit, down to `min_ctx` (fit.request passes the prompt's length).
-
-    `progress` lets a pull from the Hub draw its bar, `download_bar` (fetch.DownloadBar) one from
-    the pip mirror; `quantize_bar` shows a quantization made to fit.
-    """
-    if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
-        raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx)
-    _, cat, store = refs.context()
-    model = refs.with_quant(model, quant)
-    ref = refs.parse_ref(model, cat, offline=offline, notify=notify)
-    if ref.path is not None or refs.names_quant(model):
+    naming the shortfall and what would make it fit when nothing does. The context is `n_ctx`
+    (default: fit.ctx), and may be shortened to fit down to `min_ctx` (fit.request passes the
+    prompt's length). `report` hears the notes and draws the pull's and quantization's bars."""
+    n_ctx = fit.ctx if n_ctx is None else n_ctx
+    check_kv_type(fit.kv_type)
+    fitting = Fitting(*_machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
+                      min_ctx)
+    store = refs.model_store()
+    ref = named.ref
+    if named.chosen:
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
-            return Resolved(ref, n_ctx, kv_type or "f16", (), _as_asked(gpu_layers))
+            return Resolved(ref, n_ctx, fit.kv_type or "f16", (), _as_asked(fit.gpu_layers))
         smaller = ("`localinfer quantize`" if ref.path else
                    f"`{ref.spec.display_name}` with --quant auto picks or makes one")
         return _fixed(ref, memory.facts_from_file(path), fitting, smaller)
     if not any(m.name == ref.spec.name for m in store.installed()):
         # Nothing on disk to read the model's facts from: pull the variant that fits by the facts
         # of a Hub file's header (read remotely), else the default variant; then fit.
-        if ref.spec.hub_repo and not offline:
+        if ref.spec.hub_repo and not fit.offline:
             ref = _first_from_hub(ref, store, fitting)
-        refs.locate(ref, store, offline=offline, progress=progress, notify=notify,
-                    download_bar=download_bar)
-    return _best_variant(ref.spec, store, fitting, notify=notify, quantize_bar=quantize_bar)
+        refs.locate(ref, store, offline=fit.offline, progress=report.progress,
+                    notify=report.notify, download_bar=report.download_bar)
+    return _best_variant(ref.spec, store, fitting, notify=report.notify,
+                         quantize_bar=report.quantize_bar)
+
+
+def check_kv_type(kv_type: str | None) -> None:
+    if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
+        raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
 
 
 def first_pull(ref: refs.ModelRef, store, *, n_ctx: int = 0, kv_type: str | None = None,

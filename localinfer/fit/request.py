@@ -29,6 +29,7 @@ from localinfer.engine.prompt import (PromptText, most_tokens, prompt_tokens, re
                                       reply_room, truncated)
 from localinfer.errors import ContextOverflow, LocalinferError
 from localinfer.fit import auto, memory, rules
+from localinfer.fit.options import FitOptions, Reporter
 from localinfer.models import refs
 from localinfer.gguf.checks import checked_header
 
@@ -66,31 +67,34 @@ def sized_context(n_prompt: int, reply: int, trained: int) -> int:
     return max(context_length(0, trained), min(wanted, trained) if trained else wanted)
 
 
-def resolve(request: Request, model: str, *, ctx: int, vocab=None, **fit) -> Sized:
-    """`auto.resolve` for a context that holds the request's prompt (`fit`: its other keywords);
-    `vocab`, a model already loaded, counts the prompt (see `holds`)."""
-    path, name = _vocabulary_file(model, fit)
+def resolve(request: Request, named: refs.Named, fit: FitOptions, report: Reporter = Reporter(),
+            *, vocab=None) -> Sized:
+    """`auto.resolve` for a context that holds the request's prompt; `vocab`, a model already
+    loaded, counts the prompt (see `holds`)."""
+    ctx = fit.ctx
+    path, name = _vocabulary_file(named, fit, report)
     header = checked_header(path)
     trained = memory.facts_from_header(header, 0).context_length
     if vocab is not None:
-        return _counted(request, model, name, vocab, trained, ctx=ctx, **fit)
+        return _counted(request, named, name, vocab, trained, fit, report)
     template = header.metadata.get("tokenizer.chat_template")
     bound = most_tokens(request.prompt, template if isinstance(template, str) else None)
     # A fixed context need only hold the prompt; the default one the reply's room as well.
     room, default = (0 if ctx else request.reply), ctx or context_length(0, trained)
     if bound is not None and bound // LIKELY_BYTES_PER_TOKEN + room <= default:
-        return Sized(auto.resolve(model, n_ctx=ctx, **fit), request.prompt, trained=trained,
+        return Sized(auto.resolve(named, fit, report), request.prompt, trained=trained,
                      counted=bound + room <= default)
     from localinfer.backends.llama.vocab import LlamaVocab
     vocab = LlamaVocab(path)
     try:
-        return _counted(request, model, name, vocab, trained, ctx=ctx, **fit)
+        return _counted(request, named, name, vocab, trained, fit, report)
     finally:
         vocab.close()
 
 
-def _counted(request: Request, model: str, name: str, vocab, trained: int, *, ctx: int,
-             **fit) -> Sized:
+def _counted(request: Request, named: refs.Named, name: str, vocab, trained: int,
+             fit: FitOptions, report: Reporter) -> Sized:
+    ctx = fit.ctx
     prompt, truncate = request.prompt, request.truncate and request.prompt.cuttable > 0
     n = asked = len(prompt_tokens(vocab, prompt))
     limit = ctx or trained
@@ -101,16 +105,16 @@ def _counted(request: Request, model: str, name: str, vocab, trained: int, *, ct
         prompt, n = _cut(vocab, prompt, limit, request.max_tokens)
     n_ctx = ctx or sized_context(n, request.reply, trained)
     try:
-        resolved = auto.resolve(model, n_ctx=n_ctx, min_ctx=min(n, n_ctx), **fit)
+        resolved = auto.resolve(named, fit, report, n_ctx=n_ctx, min_ctx=min(n, n_ctx))
     except LocalinferError:
         # Not within the memory budget at the prompt's length: the longest context that fits (or
         # why nothing does), then refuse, or cut the prompt to that.
-        resolved = auto.resolve(model, n_ctx=n_ctx, **fit)
+        resolved = auto.resolve(named, fit, report, n_ctx=n_ctx)
         if resolved.n_ctx >= n:
             raise
         most = _most_context(resolved, n, fit)
         if most > resolved.n_ctx:
-            resolved = auto.resolve(model, n_ctx=most, min_ctx=most, **fit)
+            resolved = auto.resolve(named, fit, report, n_ctx=most, min_ctx=most)
         if not truncate:
             raise LocalinferError(_over_budget(n, resolved, cuttable=request.prompt.cuttable > 0)) \
                 from None
@@ -146,7 +150,7 @@ def grown(path: Path, *, n_ctx: int, need: int, kv_type: str | None,
     return placement if placement.fits and placement.n_ctx > n_ctx else None
 
 
-def _most_context(resolved: auto.Resolved, below: int, fit: dict) -> int:
+def _most_context(resolved: auto.Resolved, below: int, fit: FitOptions) -> int:
     """The longest context, in whole KV pages and shorter than `below`, that the budget holds for
     the variant `resolved` names (the fit halves contexts; this finds the pages in between)."""
     ref = resolved.ref
@@ -157,8 +161,8 @@ def _most_context(resolved: auto.Resolved, below: int, fit: dict) -> int:
     while lo < hi:
         mid = (lo + hi + 1) // 2
         placed = auto.place_file(path, n_ctx=mid * memory.KV_PAD, min_ctx=mid * memory.KV_PAD,
-                                 kv_type=fit.get("kv_type"), gpu_layers=fit.get("gpu_layers"),
-                                 memory_budget=fit.get("memory_budget"))
+                                 kv_type=fit.kv_type, gpu_layers=fit.gpu_layers,
+                                 memory_budget=fit.memory)
         lo, hi = (mid, hi) if placed.fits else (lo, mid - 1)
     return max(resolved.n_ctx, lo * memory.KV_PAD)
 
@@ -193,25 +197,20 @@ def _over_budget(n: int, resolved: auto.Resolved, *, cuttable: bool) -> str:
             f"--memory, or {_way_out(cuttable)}")
 
 
-def _vocabulary_file(model: str, fit: dict) -> tuple[Path, str]:
+def _vocabulary_file(named: refs.Named, fit: FitOptions, report: Reporter) -> tuple[Path, str]:
     """A file with the model's vocabulary (every variant of a model has the same one), pulled
     first if none is on disk, as `auto.resolve` would; and the model's name for messages."""
-    _, cat, store = refs.context()
-    quant = str(fit.get("quant", "auto"))
-    model = refs.with_quant(model, quant)
-    ref = refs.parse_ref(model, cat, offline=bool(fit.get("offline")))
+    ref = named.ref
     if ref.path is not None:
         return ref.path, ref.display
-    found = store.find(ref.spec.name, ref.quant) if refs.names_quant(model) else next(
+    store = refs.model_store()
+    found = store.find(ref.spec.name, ref.quant) if named.chosen else next(
         (m.path for m in store.installed() if m.name == ref.spec.name), None)
     if found is None:
-        if not fit.get("offline") and not refs.names_quant(model):   # a Hub model: the quant
-            # that fits, judged by a header read remotely
-            ref = auto.first_pull(ref, store, kv_type=fit.get("kv_type"),
-                                  memory_budget=fit.get("memory_budget"),
-                                  gpu_layers=fit.get("gpu_layers"))
-        found = refs.locate(ref, store, offline=bool(fit.get("offline")),
-                            progress=bool(fit.get("progress")),
-                            notify=fit.get("notify") or (lambda _: None),
-                            download_bar=fit.get("download_bar"))
+        if not fit.offline and not named.chosen:   # a Hub model: the quant that fits, judged
+            # by a header read remotely
+            ref = auto.first_pull(ref, store, kv_type=fit.kv_type, memory_budget=fit.memory,
+                                  gpu_layers=fit.gpu_layers)
+        found = refs.locate(ref, store, offline=fit.offline, progress=report.progress,
+                            notify=report.notify, download_bar=report.download_bar)
     return found, ref.spec.display_name

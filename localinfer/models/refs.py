@@ -27,6 +27,28 @@ class ModelRef:
     path: Path | None               # set for a file reference
 
 
+@dataclass(frozen=True)
+class Named:
+    """A model as the user named it (with --quant applied), parsed once: the text, and what it
+    names. `chosen`: the name picks one variant (NAME:QUANT, an hf: file, a path), else the fit
+    picks among the model's variants."""
+
+    text: str
+    ref: ModelRef
+
+    @property
+    def chosen(self) -> bool:
+        return self.ref.path is not None or names_quant(self.text)
+
+
+def name(model: str, quant: str, *, offline: bool = False,
+         notify: fetch.Notify = lambda _: None) -> Named:
+    """`model` with `quant` (a --quant value; auto leaves the choice to the fit), parsed."""
+    text = with_quant(model, quant)
+    cat = None if looks_like_path(text) else context()[1]
+    return Named(text, parse_ref(text, cat, offline=offline, notify=notify))
+
+
 def looks_like_path(ref: str) -> bool:
     if hub.is_hub_ref(ref):
         return False

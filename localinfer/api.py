@@ -1,0 +1,199 @@
+"""The Python API: `localinfer.load(model)` gives a `Model` whose `generate`, `stream` and `chat`
+take the command line's options and return what `localinfer run` prints for them.
+
+    import localinfer
+    with localinfer.load("smollm2") as model:
+        print(model.generate("Why is the sky blue?", temperature=0, max_tokens=60))
+        for piece in model.stream("Tell me a story."):
+            print(piece, end="", flush=True)
+        print(model.chat([{"role": "user", "content": "Hi"}]), model.stats)
+
+The same pipeline as `run` (pipeline/): the name resolved once, the variant and context fitted to
+the memory budget (pulled or quantized if need be), the context sized to each prompt (the model is
+loaded again only when a prompt needs another context or cache type), the prompt cache, drafting.
+Errors raise the project's exceptions (localinfer.errors) with `run`'s one-line messages; nothing
+prints or exits. Notes (what was pulled, quantized, shortened) go to `notify`, if given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from localinfer.engine.decode import Limits, Stats
+from localinfer.engine.load import LoadedModel
+from localinfer.engine.prompt import PromptText
+from localinfer.engine.sampling import SamplingParams
+from localinfer.errors import LocalinferError, UsageError
+from localinfer.fit.options import FitOptions, Reporter, gpu_layers_count
+from localinfer.models import refs
+from localinfer.pipeline import generate as pipeline
+from localinfer.pipeline import load as loading
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What `load` was given, kept for every later fit."""
+
+    named: refs.Named
+    fit: FitOptions
+    report: Reporter
+    backend: str
+    threads: int
+
+
+def load(model: str, *, quant: str = "auto", ctx: int = 0, backend: str = "auto",
+         memory: str | None = None, kv_type: str | None = None, gpu_layers: str | int = "auto",
+         threads: int = 0, offline: bool = False,
+         notify: Callable[[str], None] | None = None) -> Model:
+    """Resolve, pull, fit and load a model as `localinfer run MODEL` would (same options, same
+    refusals, as exceptions). `ctx` 0 sizes the context to each prompt; `memory` is a budget such
+    as "6GB"; `notify` hears the notes `run` writes to stderr."""
+    if threads < 0:
+        raise UsageError(f"threads must be 0 (automatic) or more, not {threads}")
+    if ctx < 0:
+        raise UsageError(f"ctx must be 0 (automatic) or more, not {ctx}")
+    loading.check_backend(backend)
+    fit = FitOptions(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory,
+                     gpu_layers=gpu_layers_count(gpu_layers), offline=offline)
+    report = Reporter(notify=notify) if notify else Reporter()
+    named = loading.name(model, fit, report)
+    made = Model(_Setup(named, fit, report, backend, threads))
+    made._open()
+    return made
+
+
+class Model:
+    """A model loaded by `load`; a context manager (leaving it frees the model)."""
+
+    def __init__(self, setup: _Setup) -> None:
+        self._setup = setup
+        self._loaded: LoadedModel | None = None
+        self.stats: Stats | None = None     # the figures of the last call: tokens, speeds, why
+
+    @property
+    def name(self) -> str:
+        """The variant loaded, as `run -v` names it (e.g. smollm2-135m-instruct:Q4_1)."""
+        return self._loaded.ref.display if self._loaded else self._setup.named.ref.display
+
+    @property
+    def backend(self) -> str:
+        return self._loaded.backend if self._loaded else self._setup.backend
+
+    def generate(self, prompt: str, **options) -> str:
+        """The answer `localinfer run MODEL PROMPT` prints for these options (without the newline
+        `run` adds to end the line). Options as `run`'s long options: max_tokens, temperature,
+        top_k, top_p, min_p, repeat_penalty, seed, stop, system, raw, draft, draft_max,
+        json_schema (a dict or a JSON string), grammar (GBNF text), cache."""
+        return "".join(self.stream(prompt, **options))
+
+    def stream(self, prompt: str, **options) -> Iterator[str]:
+        """The answer as it is decoded, piece by piece (see `generate`)."""
+        ask, system, raw = _ask(options)
+        request = _request(PromptText(prompt, 0, system, raw), ask)
+        self._loaded, made = pipeline.prepare(
+            self._setup.named, request, self._setup.fit, ask, self._setup.report,
+            backend=self._setup.backend, threads=self._setup.threads, loaded=self._loaded)
+        yield from self._run(made, ask)
+
+    def chat(self, messages: list[dict], **options) -> str:
+        """The assistant's reply to a conversation of {"role", "content"} messages, through the
+        model's chat template (`system` adds a system message in front)."""
+        ask, system, raw = _ask(options)
+        if raw:
+            raise UsageError("chat takes messages for the chat template; use generate(raw=True)")
+        conversation = ([{"role": "system", "content": system}] if system else []) + messages
+        return "".join(self._chat(conversation, ask))
+
+    def close(self) -> None:
+        if self._loaded is not None:
+            self._loaded.session.close()
+            self._loaded = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    # -- inside ------------------------------------------------------------------------------
+    def _open(self) -> None:
+        """The model fitted as a fixed-context command fits it (the first prompt may refit)."""
+        setup = self._setup
+        fitted = loading.fit_model(setup.named, setup.fit, setup.report, threads=setup.threads)
+        self._loaded = loading.open_ref(fitted.ref, fitted.options, backend=setup.backend,
+                                        offline=setup.fit.offline, report=setup.report)
+
+    def _chat(self, conversation: list[dict], ask: pipeline.Ask) -> Iterator[str]:
+        from localinfer.cache import prompt_cache
+        from localinfer.engine.prompt import chat_tokens
+        if self._loaded is None:
+            self._open()
+        loaded = self._loaded
+        tokens = chat_tokens(loaded.session, conversation)
+        made = pipeline.generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
+                                   draft_max=ask.draft_max, offline=self._setup.fit.offline,
+                                   options=loaded.options, output=ask.output,
+                                   report=self._setup.report,
+                                   store=prompt_cache.open_for(loaded.session,
+                                                               enabled=ask.use_cache))
+        yield from self._run(made, ask)
+
+    def _run(self, made, ask: pipeline.Ask) -> Iterator[str]:
+        from localinfer.cache import prompt_cache
+        pieces = []
+        for piece in made:
+            pieces.append(piece)
+            yield piece
+        self.stats = made.stats
+        prompt_cache.persist(made.cache)
+        problem = pipeline.incomplete_answer(ask, "".join(pieces), made, self._loaded)
+        if problem:
+            raise LocalinferError(problem)
+
+
+_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
+            "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache"}
+
+
+def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
+    """The options of one call, checked as the command line checks them."""
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(sorted(_OPTIONS))}")
+    max_tokens = options.get("max_tokens", -1)
+    if max_tokens == 0 or max_tokens < -1:
+        raise UsageError("max_tokens must be -1 (no limit) or at least 1")
+    stop = options.get("stop", ())
+    params = SamplingParams(temperature=options.get("temperature", 0.8),
+                            top_k=options.get("top_k", 40), top_p=options.get("top_p", 0.95),
+                            min_p=options.get("min_p", 0.05),
+                            repeat_penalty=options.get("repeat_penalty", 1.0),
+                            seed=options.get("seed"))
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    ask = pipeline.Ask(params, Limits(max_tokens, stops), draft=options.get("draft", "auto"),
+                       draft_max=options.get("draft_max", 8),
+                       output=_output(options.get("json_schema"), options.get("grammar")),
+                       use_cache=options.get("cache", True))
+    return ask, options.get("system"), bool(options.get("raw", False))
+
+
+def _request(prompt: PromptText, ask: pipeline.Ask):
+    from localinfer.fit.request import Request
+    return Request(prompt, ask.limits.max_tokens)
+
+
+def _output(json_schema: dict | str | None, grammar: str | None):
+    """A schema (a dict; or a string: inline JSON or a file, as --json-schema) or GBNF text,
+    checked as the command line checks them."""
+    from localinfer.engine import structured
+    if json_schema is not None and grammar is not None:
+        raise UsageError("json_schema and grammar cannot be used together")
+    if isinstance(json_schema, dict):
+        return structured.from_schema(json_schema, "json_schema")
+    if json_schema is not None:
+        return structured.from_options(json_schema, None)
+    if grammar is not None:
+        return structured.from_grammar(grammar, "grammar")
+    return None

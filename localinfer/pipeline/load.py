@@ -1,0 +1,147 @@
+"""From a model's name to a loaded model fitted to the memory budget: `run`'s fit (the context
+sized to a prompt), the fixed fit of the other commands, and the batch `map` and `serve` share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from localinfer.backends import BACKEND_CHOICES, LoadOptions, context_length
+from localinfer.errors import UsageError
+from localinfer.fit import auto
+from localinfer.fit.options import FitOptions, Reporter
+from localinfer.models import refs
+
+if TYPE_CHECKING:
+    from localinfer.backends import Session
+    from localinfer.engine.load import LoadedModel
+    from localinfer.fit.request import Request, Sized
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What the fit chose: the reference to open, how to load it, and (for a request) the prompt
+    as it is to be sent, with the sizing it was fitted on."""
+
+    ref: refs.ModelRef
+    options: LoadOptions
+    sized: Sized | None = None
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKEND_CHOICES:   # before a pull, not after downloading the model
+        raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKEND_CHOICES)}")
+
+
+def name(model: str, fit: FitOptions, report: Reporter = Reporter()) -> refs.Named:
+    """The model's name parsed, once for the whole request (options checked first: a bad one is
+    refused before a Hub listing is read)."""
+    auto.check_kv_type(fit.kv_type)
+    return refs.name(model, fit.quant, offline=fit.offline, notify=report.notify)
+
+
+def fit_model(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
+              threads: int = 0, engine_log: bool = False, request: Request | None = None,
+              vocab: Session | None = None) -> Fitted:
+    """The variant, context, KV type and GPU layers that fit the memory budget (pulled or
+    quantized if need be; notes to `report`). With `run`'s `request` the context is sized to its
+    prompt (fit.request; `vocab`, a loaded model, counts it), and the sizing comes back with the
+    prompt as it is to be sent (--truncate may cut it)."""
+    from localinfer.engine.prompt import is_long
+    from localinfer.fit import request as sizing
+    if request is None:
+        chosen, sized = auto.resolve(named, fit, report), None
+    else:
+        sized = sizing.resolve(request, named, fit, report, vocab=vocab)
+        chosen = sized.resolved
+    for note in (*chosen.notes, *(sized.notes if sized else ())):
+        report.notify(note)
+    options = LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=engine_log,
+                          kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers,
+                          long_prompt=sized is not None and is_long(sized.prompt))
+    return Fitted(chosen.ref, options, sized)
+
+
+def open_ref(ref: refs.ModelRef, options: LoadOptions, *, backend: str, offline: bool,
+             report: Reporter = Reporter(), place: bool = False,
+             gpu_layers: int | None = None) -> LoadedModel:
+    """Locate (pull) and load; with `place`, the layers are placed on the GPU as `run` would
+    (`gpu_layers`: --gpu-layers, None for auto), else `options`' placement is kept."""
+    from localinfer.engine.load import load_model
+    path = refs.locate(ref, refs.model_store(), offline=offline, progress=report.progress,
+                       notify=report.notify, download_bar=report.download_bar)
+    if place:
+        placed = auto.place_file(path, n_ctx=options.n_ctx, kv_type=options.kv_type,
+                                 gpu_layers=gpu_layers)
+        options = replace(options, gpu_layers=placed.gpu_layers)
+    return load_model(ref, path, backend=backend, options=options)
+
+
+def open_model(model: str, options: LoadOptions, *, backend: str, offline: bool,
+               report: Reporter = Reporter(), place: bool = False,
+               gpu_layers: int | None = None) -> LoadedModel:
+    """Load the model a name or path names, as named (no fit: bench, eval), pulling it first if
+    need be."""
+    check_backend(backend)
+    named = refs.name(model, "auto", offline=offline, notify=report.notify)
+    return open_ref(named.ref, options, backend=backend, offline=offline, report=report,
+                    place=place, gpu_layers=gpu_layers)
+
+
+def open_for(named: refs.Named, request: Request, fit: FitOptions, report: Reporter, *,
+             backend: str, threads: int = 0, engine_log: bool = False,
+             loaded: LoadedModel | None = None) -> tuple[LoadedModel, LoadOptions, list[int]]:
+    """The model loaded with a context sized to the request's prompt, and the prompt's tokens.
+    A prompt fitted on a likely bound is counted by the loaded model; in the rare case it needs a
+    larger context than it got, the fit is made again with that count and the model loaded
+    again. `loaded`, a model already open, is kept when the fit asks for what it already is."""
+    from localinfer.engine.prompt import prompt_tokens
+    from localinfer.fit.request import holds
+    load = dict(threads=threads, engine_log=engine_log)
+    fitted = fit_model(named, fit, report, request=request, **load)
+    loaded = _reuse_or_load(loaded, fitted, backend=backend, offline=fit.offline, report=report)
+    tokens = prompt_tokens(loaded.session, fitted.sized.prompt)
+    if holds(fitted.sized, len(tokens), ctx=fit.ctx, reply=request.reply):
+        return loaded, fitted.options, tokens
+    again = fit_model(named, fit, report, request=request, vocab=loaded.session, **load)
+    loaded = _reuse_or_load(loaded, again, backend=backend, offline=fit.offline, report=report)
+    return loaded, again.options, prompt_tokens(loaded.session, again.sized.prompt)
+
+
+def _reuse_or_load(loaded: LoadedModel | None, fitted: Fitted, *, backend: str, offline: bool,
+                   report: Reporter) -> LoadedModel:
+    if loaded is not None and (loaded.ref, loaded.options) == (fitted.ref, fitted.options):
+        return loaded
+    if loaded is not None:
+        loaded.session.close()
+    return open_ref(fitted.ref, fitted.options, backend=backend, offline=offline, report=report)
+
+
+def open_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
+               parallel: int, shared: bool = False, threads: int = 0, engine_log: bool = False):
+    """(the model reference, a SequenceBatch of `parallel` request sequences plus the shared
+    prefix's), fitted to the memory budget as `run` fits: map's and serve's. `fit.ctx` is each
+    request's context (map), or with `shared` the pool they share, any one of them able to use
+    it all (serve; 0: the model's trained context, as far as the memory budget allows)."""
+    from localinfer.backends.llama.batched import SequenceBatch
+    from localinfer.fit import memory
+    ctx = fit.ctx
+    fitted = fit_model(named, replace(fit, ctx=ctx if shared else ctx * parallel), report,
+                       threads=threads, engine_log=engine_log)
+    options = fitted.options
+    path = refs.locate(fitted.ref, refs.model_store(), offline=fit.offline,
+                       progress=report.progress, notify=report.notify,
+                       download_bar=report.download_bar)
+    if shared and not ctx:      # the fit above is run's default context; grow it to the trained one
+        trained = memory.facts_from_file(path).context_length
+        fitted_ctx = options.n_ctx or context_length(0, trained)
+        if trained > fitted_ctx:
+            placed = auto.place_file(path, n_ctx=trained, memory_budget=fit.memory,
+                                     min_ctx=fitted_ctx, kv_type=fit.kv_type,
+                                     gpu_layers=fit.gpu_layers)
+            if placed.fits:
+                for note in placed.notes:
+                    report.notify(note)
+                options = replace(options, n_ctx=placed.n_ctx, kv_type=placed.kv_type,
+                                  gpu_layers=placed.gpu_layers)
+    return fitted.ref, SequenceBatch(path, options, parallel + 1)

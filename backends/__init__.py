@@ -98,6 +98,36 @@ class Session(Protocol):
 
 
 @dataclass(frozen=True)
+class Piece:
+    """Tokens of one sequence at positions `pos`...; `logits`: wanted after its last token."""
+
+    seq: int
+    tokens: Sequence[int]
+    pos: int
+    logits: bool = True
+
+
+class BatchSession(Protocol):
+    """One loaded model whose context holds `n_seq` KV sequences decoded together: what `map` and
+    `serve` run on (engine/scheduler.py). `session` is the model's vocabulary and template."""
+
+    session: Session
+    n_seq: int
+    n_ctx: int                    # the cells all sequences share
+    n_batch: int                  # most tokens one decode takes
+
+    def decode(self, pieces: Sequence[Piece]) -> list[np.ndarray | None]:
+        """One engine call over every piece; the logits after each piece's last token."""
+        ...
+    def forget(self, seq: int) -> None: ...
+    def clear(self) -> None: ...
+    def trim(self, seq: int, n_keep: int) -> None: ...
+    def restore(self, seq: int, state: bytes, n_keep: int) -> bool: ...
+    def share(self, src: int, dst: int, n_tokens: int) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
 class Backend:
     name: str
     is_available: Callable[[], bool]
@@ -107,6 +137,8 @@ class Backend:
     # Why `auto` must not pick this backend on this machine for the model file (None: no model
     # yet), or None where it may, e.g. MLX off Metal, ONNX without an NPU that runs the model.
     auto_blocker: Callable[[Path | None], str | None] = lambda path=None: None
+    # Several sequences in one context (n_seq), for map and serve; None: this backend cannot.
+    load_batch: Callable[[Path, LoadOptions, int], BatchSession] | None = None
 
 
 # Each engine's subpackage is imported only when asked for: engines are optional and slow to load.
@@ -202,6 +234,22 @@ def auto_blockers(available: dict[str, bool], path: Path | None = None) -> dict[
 def select(requested: str, architecture: str | None,
            path: Path | None = None) -> tuple[Backend, Choice]:
     available = available_backends()
+    choice = choose(requested, architecture, available,
+                    lambda name, arch: get(name).supports_architecture(arch),
+                    auto_blockers(available, path) if requested == "auto" else None)
+    return get(choice.backend), choice
+
+
+def select_batch(requested: str, architecture: str | None,
+                 path: Path | None = None) -> tuple[Backend, Choice]:
+    """`select` among the backends that batch several sequences (map, serve): a requested one
+    that cannot is refused in one line naming those that can."""
+    batching = [name for name in _REGISTRY if _safe_available(name) and get(name).load_batch]
+    if requested != "auto" and requested in _REGISTRY and requested not in batching:
+        raise UsageError(f"the {requested} backend cannot decode several requests together; "
+                         f"map and serve run on {', '.join(batching) or 'llama.cpp'} "
+                         "(--backend auto)")
+    available = {name: name in batching for name in _REGISTRY}
     choice = choose(requested, architecture, available,
                     lambda name, arch: get(name).supports_architecture(arch),
                     auto_blockers(available, path) if requested == "auto" else None)

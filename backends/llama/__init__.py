@@ -6,7 +6,6 @@ with numpy only when a model loads), so `quantize` and `devices` reach their mod
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from localinfer.backends import Backend, LoadOptions
 # The module, not its function: `from localinfer.backends.llama.engine import engine` here would
 # make the package's attribute `engine` the function, and `from ...llama import engine` with it.
 from localinfer.backends.llama import engine as bindings
+from localinfer.machine import is_apple_silicon
 
 if TYPE_CHECKING:
     from localinfer.backends.llama.session import LlamaCppSession
@@ -44,8 +44,13 @@ def describe() -> dict:
         "gpu_offload": bool(lib.llama_supports_gpu_offload()),
         "mmap": bool(lib.llama_supports_mmap()),
         "system_info": lib.llama_print_system_info().decode().strip(),
-        "metal": platform.system() == "Darwin" and platform.machine() == "arm64",
+        "metal": is_apple_silicon(),
     }
+
+
+def _load_batch(path: Path, options: LoadOptions, n_seq: int):
+    from localinfer.backends.llama.batched import SequenceBatch
+    return SequenceBatch(path, options, n_seq)
 
 
 BACKEND = Backend(
@@ -54,4 +59,5 @@ BACKEND = Backend(
     supports_architecture=_supports_architecture,
     load=_load,
     describe=describe,
+    load_batch=_load_batch,
 )

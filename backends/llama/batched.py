@@ -9,13 +9,13 @@ a chunk of a new request's prompt) and returns the logits of each piece's last t
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from localinfer.backends import LoadOptions
+from localinfer.backends import LoadOptions, Piece
 from localinfer.backends.llama.engine import engine
 from localinfer.backends.llama.session import MAX_OUTPUTS, LlamaCppSession
 from localinfer.errors import LocalinferError, UsageError
@@ -23,18 +23,9 @@ from localinfer.errors import LocalinferError, UsageError
 MAX_SEQUENCES = MAX_OUTPUTS        # every sequence may need one output row in the same decode
 
 
-@dataclass(frozen=True)
-class Piece:
-    """Tokens of one sequence at positions `pos`...; `logits`: wanted after its last token."""
-
-    seq: int
-    tokens: Sequence[int]
-    pos: int
-    logits: bool = True
-
-
 class SequenceBatch:
-    """A loaded model whose context holds `n_seq` independent sequences (ids 0..n_seq-1)."""
+    """A loaded model whose context holds `n_seq` independent sequences (ids 0..n_seq-1): the
+    llama.cpp backend's BatchSession."""
 
     def __init__(self, path: Path, options: LoadOptions, n_seq: int) -> None:
         if not 1 <= n_seq <= MAX_SEQUENCES:

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, OUTPUT, ctx_option, engine_log, fit_options,
+from localinfer.cli.options import (CONTEXT, OUTPUT, backend_option, ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
                                     min_p_option, model_argument, offline_option, quant_option,
@@ -61,6 +61,7 @@ def map_lines(
                                                     "JSON)."),
     grammar: Optional[str] = grammar_option("Each answer follows this GBNF grammar file."),
     verbose: int = verbose_option("-v: nothing more yet; -vv: the engine's log."),
+    backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
     offline: bool = offline_option(),
@@ -85,7 +86,7 @@ def map_lines(
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                               gpu_layers=gpu_layers, offline=offline), reporter()
     _, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
-                               threads=threads, engine_log=engine_log(verbose))
+                               threads=threads, engine_log=engine_log(verbose), backend=backend)
     try:
         printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
                                               system=system, raw=raw,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import (CONTEXT, SERVER, ctx_option, engine_log, fit_options,
+from localinfer.cli.options import (CONTEXT, SERVER, backend_option, ctx_option, engine_log, fit_options,
                                     gpu_layers_option, kv_type_option, memory_option,
                                     min_p_option, offline_option, quant_option,
                                     repeat_penalty_option, reporter, seed_option, system_option,
@@ -73,6 +73,7 @@ def serve(
     kv_type: Optional[str] = kv_type_option(),
     no_cache: bool = typer.Option(False, "--no-cache", rich_help_panel=CONTEXT,
                                   help="Do not restore prompts from the prompt cache."),
+    backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
     offline: bool = offline_option(),
@@ -103,7 +104,7 @@ def serve(
                request_timeout=request_timeout, params=params, system=system, verbose=verbose,
                fit=fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                                gpu_layers=gpu_layers, offline=offline),
-               load=dict(threads=threads, engine_log=engine_log(verbose)),
+               load=dict(threads=threads, engine_log=engine_log(verbose), backend=backend),
                use_cache=not no_cache)
     finally:
         sock.close()

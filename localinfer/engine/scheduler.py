@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from localinfer.backends.llama.batched import Piece, SequenceBatch
+from localinfer.backends import BatchSession, Piece
 from localinfer.engine.batching import GRAIN
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.sampling import Sampler
@@ -87,9 +87,9 @@ class _Running:
 
 
 class Scheduler:
-    """Runs jobs on a SequenceBatch of `parallel` request sequences (plus one for the prefix)."""
+    """Runs jobs on a BatchSession of `parallel` request sequences (plus one for the prefix)."""
 
-    def __init__(self, batch: SequenceBatch, *, prefix: Sequence[int] = (),
+    def __init__(self, batch: BatchSession, *, prefix: Sequence[int] = (),
                  prefill_chunk: int = PREFILL_CHUNK, store=None,
                  request_ctx: int | None = None) -> None:
         # store: the persistent prompt cache (cache.prompt_cache.PromptCache), read-only here

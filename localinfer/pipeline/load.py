@@ -118,13 +118,18 @@ def _reuse_or_load(loaded: LoadedModel | None, fitted: Fitted, *, backend: str, 
 
 
 def open_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
-               parallel: int, shared: bool = False, threads: int = 0, engine_log: bool = False):
-    """(the model reference, a SequenceBatch of `parallel` request sequences plus the shared
+               parallel: int, shared: bool = False, threads: int = 0, engine_log: bool = False,
+               backend: str = "auto"):
+    """(the model reference, a BatchSession of `parallel` request sequences plus the shared
     prefix's), fitted to the memory budget as `run` fits: map's and serve's. `fit.ctx` is each
     request's context (map), or with `shared` the pool they share, any one of them able to use
-    it all (serve; 0: the model's trained context, as far as the memory budget allows)."""
-    from localinfer.backends.llama.batched import SequenceBatch
+    it all (serve; 0: the model's trained context, as far as the memory budget allows). A
+    `backend` that cannot batch is refused before anything is pulled or loaded."""
+    from localinfer import backends
     from localinfer.fit import memory
+    from localinfer.gguf.header import read_header
+    check_backend(backend)
+    backends.select_batch(backend, None)
     ctx = fit.ctx
     fitted = fit_model(named, replace(fit, ctx=ctx if shared else ctx * parallel), report,
                        threads=threads, engine_log=engine_log)
@@ -144,4 +149,6 @@ def open_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter()
                     report.notify(note)
                 options = replace(options, n_ctx=placed.n_ctx, kv_type=placed.kv_type,
                                   gpu_layers=placed.gpu_layers)
-    return fitted.ref, SequenceBatch(path, options, parallel + 1)
+    architecture = str(read_header(path).metadata.get("general.architecture", "")) or None
+    chosen, _ = backends.select_batch(backend, architecture, path)
+    return fitted.ref, chosen.load_batch(path, options, parallel + 1)

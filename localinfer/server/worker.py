@@ -10,7 +10,7 @@ import queue
 import threading
 from typing import Callable
 
-from localinfer.backends.llama.batched import SequenceBatch
+from localinfer.backends import BatchSession
 from localinfer.engine.scheduler import Job, Scheduler
 
 _STOP = object()
@@ -21,7 +21,7 @@ class Worker:
     and the waiting room) are all taken by jobs not yet done. `request_ctx`: the positions one
     request may fill (the whole pool, by default)."""
 
-    def __init__(self, batch: SequenceBatch, capacity: int, store=None,
+    def __init__(self, batch: BatchSession, capacity: int, store=None,
                  request_ctx: int | None = None) -> None:
         self.batch, self.capacity, self.store = batch, capacity, store     # store: prompt cache
         self.request_ctx = request_ctx or batch.n_ctx

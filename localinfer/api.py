@@ -69,6 +69,7 @@ class Model:
     def __init__(self, setup: _Setup) -> None:
         self._setup = setup
         self._loaded: LoadedModel | None = None
+        self._closed = False
         self.stats: Stats | None = None     # the figures of the last call: tokens, speeds, why
 
     @property
@@ -89,6 +90,7 @@ class Model:
 
     def stream(self, prompt: str, **options) -> Iterator[str]:
         """The answer as it is decoded, piece by piece (see `generate`)."""
+        self._check_open()
         ask, system, raw = _ask(options)
         request = _request(PromptText(prompt, 0, system, raw), ask)
         self._loaded, made = pipeline.prepare(
@@ -99,6 +101,7 @@ class Model:
     def chat(self, messages: list[dict], **options) -> str:
         """The assistant's reply to a conversation of {"role", "content"} messages, through the
         model's chat template (`system` adds a system message in front)."""
+        self._check_open()
         ask, system, raw = _ask(options)
         if raw:
             raise UsageError("chat takes messages for the chat template; use generate(raw=True)")
@@ -106,6 +109,7 @@ class Model:
         return "".join(self._chat(conversation, ask))
 
     def close(self) -> None:
+        self._closed = True
         if self._loaded is not None:
             self._loaded.session.close()
             self._loaded = None
@@ -117,6 +121,10 @@ class Model:
         self.close()
 
     # -- inside ------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("this model was closed; localinfer.load() it again")
+
     def _open(self) -> None:
         """The model fitted as a fixed-context command fits it (the first prompt may refit)."""
         setup = self._setup

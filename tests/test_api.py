@@ -109,7 +109,8 @@ def test_a_base_model_completes_text(models_home):
         text = gemma.generate("Once upon a time", temperature=0, max_tokens=16)
         assert text == _printed(GEMMA, "Once upon a time", "--temp", "0", "-n", "16")
         assert gemma.name.startswith("gemma-3-270m")
-    with pytest.raises(Exception):
+    from localinfer.errors import UsageError
+    with pytest.raises(UsageError, match="closed"):
         gemma.generate("closed", max_tokens=2)
 
 

@@ -17,10 +17,11 @@ from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama.engine import engine, engine_version, init_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label
-from localinfer.backends.llama.threads import attach_shared_pool, default_threads
+from localinfer.backends.llama.threads import attach_shared_pool
 from localinfer.backends.llama.vocab import GGUFVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
 from localinfer.gguf.checks import check_model
+from localinfer.machine import default_threads
 
 MAX_OUTPUTS = 64              # most positions whose logits one llama_decode call returns
 

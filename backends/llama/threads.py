@@ -89,13 +89,3 @@ def attach_shared_pool(ctx, n_threads: int) -> int | None:
         _api().attach(ctypes.cast(ctx, ctypes.c_void_p), pool, None)   # NULL: same pool for batches
     return pool
 
-
-def default_threads() -> int:
-    """One thread per physical core (as llama-bench: hyper-threads slow matrix work down), within
-    the CPUs this process may use: past them threads spin-wait for a CPU (cli/options.py)."""
-    import os
-
-    import psutil
-    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-    return max(1, min(cores, allowed))

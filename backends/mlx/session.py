@@ -10,7 +10,6 @@ can be restored and then trimmed, just like the llama.cpp backend with `swa_full
 from __future__ import annotations
 
 import io
-import platform
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -20,6 +19,7 @@ from localinfer.backends import Backend, LoadOptions
 from localinfer.backends.vocab import BorrowedVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError, UsageError
 from localinfer.gguf.checks import checked_header
+from localinfer.machine import is_apple_silicon
 
 MAX_OUTPUTS = 64              # rows of logits computed at once for logits="all"
 
@@ -242,7 +242,7 @@ def _supports_architecture(architecture: str) -> bool:
 
 def _auto_blocker(path: Path | None = None) -> str | None:
     """`auto` takes MLX only on Apple Silicon with Metal; its CPU build is slower than llama.cpp."""
-    if platform.system() != "Darwin" or platform.machine() != "arm64":
+    if not is_apple_silicon():
         return "picked automatically only on Apple Silicon with Metal; --backend mlx forces it"
     if not metal_available():
         return "Metal is not available to MLX here"
@@ -260,7 +260,7 @@ def describe() -> dict:
         "gpu_offload": metal_available(),
         "metal": metal_available(),
         "device": str(mx.default_device()),
-        "apple_silicon": platform.system() == "Darwin" and platform.machine() == "arm64",
+        "apple_silicon": is_apple_silicon(),
         "architectures": sorted(_arch_names()),
     }
 

@@ -95,5 +95,5 @@ def _check_graphs(path: Path) -> tuple[Path, str, list[Path]]:
 
 
 def _threads() -> int:
-    from localinfer.backends.llama.threads import default_threads
+    from localinfer.machine import default_threads
     return default_threads()

@@ -187,8 +187,8 @@ def _runner(folder: Path, index, spec, n_ctx: int, options: LoadOptions, onnx: O
 
 
 def _session(graph: Path, options: LoadOptions, onnx: OnnxOptions):
-    from localinfer.backends.llama.threads import default_threads
     from localinfer.backends.onnx.devices import open_session
+    from localinfer.machine import default_threads
     return open_session(graph, onnx.target, options.n_threads or default_threads(),
                         config=dict(onnx.session_config))
 

@@ -2,5 +2,5 @@
 format (entry) and the file layout and safety rules (paths). The engine's KVCache consults it
 through the PromptStore protocol.
 
-May import: errors, units, settings, models, backends, engine.
+May import: errors, units, settings, machine, models, backends, engine.
 """

@@ -40,7 +40,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-_debug = False
 # click's shell completion: the script `--install-completion` writes calls us back with this set.
 COMPLETE_VAR = "_LOCALINFER_COMPLETE"
 
@@ -86,17 +85,11 @@ measure.register(app)
 app.add_typer(cache.app, name="cache")
 
 
-def debugging() -> bool:
-    """--debug (or LOCALINFER_DEBUG) was given: tracebacks, and the engine's log."""
-    return _debug
-
-
 # -- entry point ----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and a documented exit code."""
-    global _debug
     args = list(sys.argv[1:] if argv is None else argv)
-    _debug = "--debug" in args
+    console.set_debugging("--debug" in args)
     args = [a for a in args if a != "--debug"]
     if COMPLETE_VAR in os.environ:   # a shell asking for completions: click's own protocol
         typer.main.get_command(app).main(args, prog_name="localinfer", complete_var=COMPLETE_VAR)
@@ -104,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="replace")
     try:
-        _debug = _debug or settings.load().debug
+        console.set_debugging(console.debugging() or settings.load().debug)
         shell.check_arguments(args)
         code = _invoke(args or ["--help"])   # bare `localinfer`: the help, and a normal end
     except NoArgsIsHelpError as e:   # `localinfer run` with nothing to run: the help, exit 2
@@ -147,7 +140,7 @@ def _invoke(args: list[str]) -> object:
 
 
 def _fail(message: str, code: int, exc: BaseException) -> None:
-    if _debug:
+    if console.debugging():
         traceback.print_exception(exc, file=sys.stderr)
     console.error(message.splitlines()[0] if message else type(exc).__name__)
     sys.exit(code)

@@ -16,6 +16,20 @@ from localinfer import settings
 if TYPE_CHECKING:
     from rich.console import Console
 
+# --debug (or LOCALINFER_DEBUG): `app.main` sets it, the commands read it (`options.engine_log`).
+# It lives here, below every command module, so that they need not import the app that imports them.
+_debug = False
+
+
+def set_debugging(on: bool) -> None:
+    global _debug
+    _debug = on
+
+
+def debugging() -> bool:
+    """--debug (or LOCALINFER_DEBUG) was given: tracebacks, and the engine's log."""
+    return _debug
+
 
 @lru_cache(maxsize=1)
 def stderr() -> Console:

@@ -10,10 +10,9 @@ beyond the CPUs make each step far slower (measured on 2 CPUs: 16 threads took 2
 
 from __future__ import annotations
 
-import os
-
 import typer
 
+from localinfer import machine
 from localinfer.backends import BACKEND_CHOICES
 from localinfer.cli import console
 from localinfer.errors import UsageError
@@ -26,15 +25,9 @@ GGML_MAX_N_THREADS = 512      # ggml.h: the size of the thread pool's tables
 MAX_CTX = 1 << 24
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
 def max_threads() -> int:
-    return min(usable_cpus(), GGML_MAX_N_THREADS)
+    """The most `--threads` may ask for: the CPUs this process may run on (see above)."""
+    return min(machine.usable_cpus(), GGML_MAX_N_THREADS)
 
 
 # -- the options ----------------------------------------------------------------------------------
@@ -55,8 +48,7 @@ def verbose_option(help_text: str = "-v: timings and stats on stderr; -vv: the e
 
 def engine_log(verbose: int) -> bool:
     """Whether the engine's own log goes to stderr: -vv, or --debug."""
-    from localinfer.cli import app
-    return verbose >= 2 or app.debugging()
+    return verbose >= 2 or console.debugging()
 
 
 def backend_option():

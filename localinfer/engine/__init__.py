@@ -3,5 +3,5 @@ tokens and chat templates (prompt, templates and their bounds), sampling, the KV
 reuse (kv, batching), the chat history window, and the plain decode loop with the one emit path
 both decode loops share (decode).
 
-May import: errors, units, settings, models, backends.
+May import: errors, units, settings, machine, models, backends.
 """

@@ -91,7 +91,7 @@ def this_rebuild_hint(devices: list[Device] | None = None) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     from localinfer.backends.llama import devices as llama_devices
-    from localinfer.fit.machine import is_apple_silicon
+    from localinfer.machine import is_apple_silicon
     try:
         installed = version("llama-cpp-python")
     except PackageNotFoundError:

@@ -1,13 +1,9 @@
-"""What this machine offers (CPU, SIMD, memory, backends) and which backend `run` would pick, and why."""
+"""What this machine offers (CPU, SIMD, memory, backends) and which backend `run` would pick, and
+why: the `devices` report. The OS and CPU are asked in one place, `localinfer.machine`."""
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
-
-import psutil
-
-from localinfer import backends
+from localinfer import backends, machine
 
 # SIMD extensions that decide llama.cpp's kernel speed, as /proc/cpuinfo names them.
 _SIMD_FLAGS = ("sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f",
@@ -16,18 +12,19 @@ _SIMD_FLAGS = ("sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c"
 
 
 def detect() -> dict:
-    cpu_name, flags = _cpu_info()
-    memory = psutil.virtual_memory()
+    cpu_name, flags = machine.cpu()
+    physical, logical = machine.machine_cores()
+    ram_total, ram_available = machine.ram()
     facts = {
-        "os": f"{platform.system()} {platform.release()}",
-        "machine": platform.machine(),
+        "os": machine.os_name(),
+        "machine": machine.arch(),
         "cpu": cpu_name,
-        "physical_cores": psutil.cpu_count(logical=False),
-        "logical_cores": psutil.cpu_count(),
+        "physical_cores": physical,
+        "logical_cores": logical,
         "simd": [f for f in _SIMD_FLAGS if f in flags],
-        "ram_total": memory.total,
-        "ram_available": memory.available,
-        "apple_silicon": is_apple_silicon(),
+        "ram_total": ram_total,
+        "ram_available": ram_available,
+        "apple_silicon": machine.is_apple_silicon(),
         "onnxruntime_providers": _onnx_providers(),
         "backends": _backend_facts(),
     }
@@ -40,42 +37,6 @@ def detect() -> dict:
     except Exception as e:   # no backend installed: say so rather than fail the report
         facts["run_would_use"] = {"backend": None, "reason": str(e)}
     return facts
-
-
-def is_apple_silicon() -> bool:
-    return platform.system() == "Darwin" and platform.machine() == "arm64"
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo names them (empty where unknown)."""
-    return _cpu_info()[1]
-
-
-def _cpu_info() -> tuple[str, set[str]]:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        name, flags = platform.processor() or platform.machine(), set()
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "Model", "Hardware") and value.strip():
-                name = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = set(value.split())
-        return name, flags
-    if platform.system() == "Darwin":
-        return _sysctl("machdep.cpu.brand_string") or platform.machine(), \
-            {"asimd"} if platform.machine() == "arm64" else set()
-    return platform.processor() or platform.machine(), set()
-
-
-def _sysctl(key: str) -> str | None:
-    import subprocess
-    try:
-        return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _onnx_providers() -> list[str] | None:
@@ -93,7 +54,8 @@ def _gpu_facts() -> dict:
     from localinfer.fit import gpu
     found = llama_devices.devices()
     return {"devices": [d.as_dict() for d in found],
-            "gpu_hardware": [h.what for h in gpu.present(apple_silicon=is_apple_silicon())],
+            "gpu_hardware": [h.what for h in
+                             gpu.present(apple_silicon=machine.is_apple_silicon())],
             "gpu_hint": gpu.this_rebuild_hint(found)}
 
 

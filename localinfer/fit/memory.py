@@ -204,9 +204,9 @@ def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) ->
 
 def cpu_repacks() -> bool:
     """Whether this CPU's llama.cpp backend repacks weights (x86 with AVX2, where the engine loads
-    into its extra weight buffers: not on AMX CPUs, backends.llama_devices.uses_weight_buffers)."""
+    into its extra weight buffers: not on AMX CPUs, backends/llama/devices.uses_weight_buffers)."""
     from localinfer.backends.llama.devices import uses_weight_buffers
-    from localinfer.fit import machine
+    from localinfer import machine
     return "avx2" in machine.cpu_flags() and uses_weight_buffers()
 
 

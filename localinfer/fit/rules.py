@@ -187,12 +187,11 @@ def _size_arg(n: int) -> str:
 def detect_machine() -> Machine:
     """This machine, as `place` sees it: RAM from the operating system, GPUs from the engine's
     device registry (their free memory as the driver reports it now)."""
-    import psutil
-
+    from localinfer import machine
     from localinfer.backends.llama import devices as llama_devices
-    from localinfer.fit import gpu, machine
-    mem = psutil.virtual_memory()
+    from localinfer.fit import gpu
+    ram_total, ram_available = machine.ram()
     apple = machine.is_apple_silicon()
     vram, shared = gpu.memory_of(llama_devices.devices(), apple_silicon=apple)
-    return Machine(ram_total=mem.total, ram_available=mem.available, apple_silicon=apple,
+    return Machine(ram_total=ram_total, ram_available=ram_available, apple_silicon=apple,
                    metal_working_set=shared, vram_free=vram, repacks=memory.cpu_repacks())

@@ -2,5 +2,5 @@
 would abort on (checks), split models (split), quant blocks as grids (blocks), special tokens
 (tokens).
 
-May import: errors, units, settings. Nothing above it.
+May import: errors, units, settings, machine. Nothing above it.
 """

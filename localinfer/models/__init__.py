@@ -1,5 +1,5 @@
 """Models on disk and where they come from: a name parsed once into a reference (refs), the
 catalogue, the store and its safe names, fetching.
 
-May import: errors, units, settings, gguf. Nothing above it.
+May import: errors, units, settings, machine, gguf. Nothing above it.
 """

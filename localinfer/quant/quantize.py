@@ -237,7 +237,7 @@ def check_imatrix(imatrix: Imatrix, header: Header) -> None:
 def _write(src: Path, dst: Path, qtype: str, *, threads: int, allow_requantize: bool,
            imatrix: Imatrix | None, progress: Progress | None, quantized: list[str]) -> None:
     from localinfer.backends.llama import quantize as llama_quantize
-    from localinfer.backends.llama.threads import default_threads
+    from localinfer.machine import default_threads
     tmp = temp_path(dst)       # a leftover of a killed run is swept by store_sweep
 
     def on_line(line: str) -> None:

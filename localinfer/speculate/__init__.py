@@ -2,5 +2,5 @@
 adaptive draft-length controller, the exactness probe that bounds verification chunks, and the
 choice of drafter for --draft (choose).
 
-May import: errors, units, settings, models, backends, quant, engine.
+May import: errors, units, settings, machine, models, backends, quant, engine.
 """

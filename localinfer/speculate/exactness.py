@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from localinfer import machine as host_machine    # `machine` names a cache key below
 from localinfer.backends import Session
 from localinfer.speculate.exactness_key import verdict_key
 
@@ -115,7 +116,7 @@ def _load_factor() -> float:
     """Before this machine has timed a probe: how much busier its CPUs are than when the constants
     were measured (runnable tasks per CPU; a probe slows down at least as much)."""
     try:
-        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        return max(1.0, os.getloadavg()[0] / host_machine.logical_cpus())
     except (OSError, AttributeError):      # no load average (Windows)
         return 1.0
 

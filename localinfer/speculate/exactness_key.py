@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from importlib import metadata, util
 from pathlib import Path
 
+from localinfer import machine
 from localinfer.backends import Session
 from localinfer.gguf.header import ArrayInfo, TextInfo, read_header
 from localinfer.gguf.split import split_count, whole_model
@@ -76,7 +76,7 @@ def engine_identity(backend: str) -> dict:
     except metadata.PackageNotFoundError:
         version = ""
     return {"backend": backend, "version": version, "libraries": _libraries(module),
-            "machine": platform.machine(), "cpu": _cpu_flags()}
+            "machine": machine.arch(), "cpu": _cpu_flags()}
 
 
 def _libraries(module: str) -> list:
@@ -94,17 +94,10 @@ def _libraries(module: str) -> list:
 
 def _cpu_flags() -> list[str]:
     """The CPU's model and feature flags where the system lists them (Linux); elsewhere the
-    processor's name. (fit.machine reads the same, but fit is a layer above this one.)"""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return [platform.processor()]
-    wanted = ("model name", "flags", "Features", "CPU part")
-    found = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in wanted:
-            found.setdefault(key.strip(), value.strip())   # the first CPU's; all are alike
+    processor's name. The key's format: changing it would orphan every stored verdict."""
+    found = machine.cpuinfo_fields(("model name", "flags", "Features", "CPU part"))
+    if found is None:
+        return [machine.processor()]
     return [f"{k}: {v}" for k, v in sorted(found.items())]
 
 

@@ -293,7 +293,7 @@ def main() -> None:
     if not args.models:
         ap.error("name at least one model")
     if not args.threads:            # what `localinfer bench` picks, given to both sides explicitly
-        from localinfer.backends.llama.threads import default_threads
+        from localinfer.machine import default_threads
         args.threads = default_threads()
     python = ensure_venv()
     rounds = [r for m in args.models for r in compare(m, python, args)]

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+import common  # scripts/common.py
+
 BAR = 0.95
 
 
@@ -43,10 +45,7 @@ def localinfer_decode(model: str, n_gen: int, repetitions: int) -> float:
 
 def model_path(model: str) -> str:
     """The GGUF file `localinfer` resolves the name to (pulling it if needed)."""
-    from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    ref = refs.parse_ref(model, catalogue)
-    return str(refs.locate(ref, store, offline=False, progress=False, notify=lambda m: None))
+    return str(common.model_file(model, offline=False))
 
 
 def mlx_lm_decode(path: str, n_gen: int, repetitions: int) -> float:

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # scripts/common.py
+
 TARGETS = {"prefill_tps": 1.0, "decode_tps": 0.9}
 
 
@@ -61,10 +63,7 @@ def compare(model: str, args) -> list[dict]:
 
 def export_cost(model: str) -> dict:
     """Export into an empty store (the GGUF linked in) in a child process: seconds and peak RSS."""
-    from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    path = refs.locate(refs.parse_ref(model, catalogue), store, offline=True, progress=False,
-                       notify=lambda m: None)
+    path = common.model_file(model)
     code = ("import sys, time; from pathlib import Path\n"
             "from localinfer.gguf.header import read_header\n"
             "from localinfer.backends.onnx import arch as onnx_arch, export as onnx_export\n"

@@ -52,6 +52,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # scripts/common.py
+
 GENAI_VERSION = "0.18.0"      # the newest on the index; runs on onnxruntime 1.32.0 (needs >= 1.31)
 VENV = Path.home() / ".cache" / "localinfer-bench" / "genai-venv"
 KEYS = ("prefill_tps", "decode_tps")
@@ -91,11 +93,8 @@ def export(model: str, n_prompt: int, n_ctx: int) -> dict:
     from localinfer.backends.llama.vocab import LlamaVocab
     from localinfer.backends.onnx.export import export_root
     from localinfer.measure.bench import _prompt_tokens
-    from localinfer.models import refs
     from localinfer.gguf.header import read_header
-    _, catalogue, store = refs.context()
-    path = refs.locate(refs.parse_ref(model, catalogue), store, offline=True, progress=False,
-                       notify=note)
+    path = common.model_file(model, notify=note)
     header = read_header(path)
     spec = onnx_arch.read_spec(path, header)
     folder, index = onnx_export.ensure_weights(path, header, spec, export_root(), note=note)

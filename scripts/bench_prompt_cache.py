@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # scripts/common.py
+
 from localinfer.backends import LoadOptions
 from localinfer.backends.llama.session import LlamaCppSession
 from localinfer.cache.prompt_cache import PromptCache
@@ -21,7 +23,6 @@ from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.prompt import chat_tokens, with_bos
 from localinfer.engine.sampling import SamplingParams, make_sampler
-from localinfer.models import refs
 
 MODELS = ("smollm2", "gemma-3-270m")   # catalogue names, pulled through localinfer's own store
 # A fixed text (it ships with localinfer as `eval`'s default), so prompts do not change with the docs.
@@ -31,9 +32,7 @@ GREEDY = make_sampler(SamplingParams(temperature=0))
 
 def model_path(name: str) -> Path:
     """The model's file in the store (LOCALINFER_HOME applies), pulled first when missing."""
-    _, cat, store = refs.context()
-    ref = refs.parse_ref(name, cat)
-    return refs.locate(ref, store, offline=False, progress=False, notify=print)
+    return common.model_file(name, offline=False, notify=print)
 
 
 def generate(session, store, prompt, n_gen=16):

@@ -20,7 +20,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_vs_llama_bench as lb  # noqa: E402  (the vendored source and its build)
+import common  # noqa: E402  (scripts/common.py)
 
 QUESTIONS = ["Tell me about the ocean.", "Describe a forest in autumn.", "What do cats like?",
              "Explain how rain forms.", "Write about a city at night.", "Describe a mountain.",
@@ -54,14 +54,8 @@ def llama_server() -> Path:
     return binary
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(kind: str, model: str, path: Path, parallel: int, ctx: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = common.free_port()
     if kind == "localinfer":
         cmd = [sys.executable, "-m", "localinfer", "serve", model, "--offline", "--port", str(port),
                "--parallel", str(parallel), "--ctx", str(ctx), "-t", str(THREADS)]
@@ -159,10 +153,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     MODEL_NAME[0] = args.model
-    from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    path = refs.locate(refs.parse_ref(args.model, catalogue), store, offline=True, progress=False,
-                       notify=lambda m: None)
+    path = common.model_file(args.model)
     rounds = []
     for i in range(args.rounds):
         order = ("localinfer", "llama-server") if i % 2 == 0 else ("llama-server", "localinfer")

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import sys
 
+import common  # scripts/common.py
+
 from localinfer.backends import LoadOptions
 from localinfer.engine.load import load_model
 from localinfer.measure import speculation
-from localinfer.models import refs
 from localinfer.speculate import choose
 
 MODELS = ("smollm2", "gemma-3-270m")
@@ -27,11 +28,9 @@ def main() -> None:
     n_gen = int(sys.argv[1]) if len(sys.argv) > 1 else 96
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     options = LoadOptions(n_ctx=1024)
-    _, cat, store = refs.context()
     for name in MODELS:
-        ref = refs.parse_ref(name, cat)
-        loaded = load_model(ref, refs.locate(ref, store, offline=True, progress=False,
-                                                notify=print), backend="auto", options=options)
+        ref, path = common.locate(name, notify=print)
+        loaded = load_model(ref, path, backend="auto", options=options)
         for choice, adaptive in DRAFTERS:
             drafter = choose.open_drafter(choice, loaded, options=options, offline=True,
                                             notify=lambda m: print(m, file=sys.stderr))

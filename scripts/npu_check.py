@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+import common  # scripts/common.py
+
 GREEDY_PROMPT = "The history of the printing press begins"
 EXIT_FAILED = 1
 
@@ -43,13 +45,6 @@ def list_devices() -> list:
     for t in found:
         print(f"device {t.kind}: {t.label}", file=sys.stderr)
     return found
-
-
-def locate(model: str) -> Path:
-    from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    return refs.locate(refs.parse_ref(model, catalogue), store, offline=False, progress=True,
-                       notify=lambda m: print(m, file=sys.stderr))
 
 
 def npu_for(path: Path, stand_in: bool):
@@ -114,7 +109,7 @@ def bench(model: str, backend: str) -> dict:
 
 
 def check_model(model: str, args) -> dict:
-    path = locate(model)
+    path = common.model_file(model, offline=False, progress=True, notify=common.to_stderr)
     target, why = npu_for(path, args.device == "cpu")
     row = {"model": model, "npu": target.label if target else None, "whole_graph": target is not None,
            "why": why}

@@ -35,7 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import common  # noqa: E402  (scripts/, beside this file)
+
+common.use_tests()
 from onnx_reference import Float64Model, kl  # noqa: E402
 
 from localinfer.backends import LoadOptions  # noqa: E402
@@ -49,14 +51,6 @@ PIECE = quality.PIECE    # rows per eval call and per KL reduction: flat memory 
 
 def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def locate(model: str) -> Path:
-    """The GGUF file a catalogue name or path names, already in the store (never downloads)."""
-    from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    return refs.locate(refs.parse_ref(model, catalogue), store, offline=True, progress=False,
-                       notify=lambda m: None)
 
 
 def open_session(path: Path, engine: str, n_ctx: int):
@@ -166,7 +160,7 @@ def perplexity(model: str, backend: str, args) -> float:
 
 def measure(model: str, args) -> dict:
     note(f"{model}:")
-    path = locate(model)
+    path = common.model_file(model)
     figures = agreement(path, args.tokens)
     ppl = {b: perplexity(model, b, args) for b in ("llama.cpp", "onnx")}
     figures["onnx a4"]["ppl"], figures["llama.cpp"]["ppl"] = ppl["onnx"], ppl["llama.cpp"]

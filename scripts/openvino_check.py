@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+import common  # scripts/common.py
 from openvino_runner import recording, save_calls   # the calls' format: both sides there
 
 VENV = Path.home() / ".cache" / "localinfer-bench" / "openvino-venv"
@@ -85,14 +86,14 @@ def cpu_run(model: str, args, work: Path) -> tuple[np.ndarray, float]:
     """A real model: OnnxSession's static graphs, the bundled text."""
     from localinfer.backends.onnx.session import OnnxSession
     from localinfer.measure import quality
-    s = OnnxSession(locate(model), *onnx_options(args))
+    s = OnnxSession(common.model_file(model), *onnx_options(args))
     tokens = quality.tokens_for(s, quality.default_text())[:args.tokens]
     return teacher_forced(lambda chunk, _: s.eval(chunk, logits="all"), tokens, args.prefill)
 
 
 def tiny_configs() -> tuple[dict, list[int]]:
     """test_onnx_graphs' MODELS {name: (arch, block types)} and TOKENS, imported from tests/."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    common.use_tests()
     from test_onnx_graphs import MODELS, TOKENS
     return MODELS, TOKENS
 
@@ -112,14 +113,6 @@ def tiny_run(name: str, args, work: Path) -> tuple[np.ndarray, float]:
     runner, _ = _runner(folder, index, spec, args.ctx, *onnx_options(args))
     return teacher_forced(lambda chunk, n_past: runner.run(chunk, n_past, 0), tokens[:args.tokens],
                           args.prefill)
-
-
-def locate(model: str) -> Path:
-    """The GGUF file a catalogue name or path names, already in the store (never downloads)."""
-    from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    return refs.locate(refs.parse_ref(model, catalogue), store, offline=True, progress=False,
-                       notify=lambda m: None)
 
 
 def runner(python: Path, args, *first: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,54 @@
+"""What the scripts share: the file a model name resolves to (found the way `localinfer` finds it),
+a free local port, and tests/ on the import path for the references the tests measure against.
+
+A script run as `python scripts/NAME.py` has scripts/ on sys.path, so `import common` finds this."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quiet(message: str) -> None:
+    """A notify callback that drops localinfer's notes."""
+
+
+def to_stderr(message: str) -> None:
+    """A notify callback that keeps stdout for the script's results."""
+    print(message, file=sys.stderr)
+
+
+def locate(model: str, *, offline: bool = True, progress: bool = False,
+           notify: Callable[[str], None] = quiet):
+    """(reference, GGUF file) for a catalogue name, Hub name or path, resolved by localinfer's own
+    rules in the store LOCALINFER_HOME names. `offline` (the default) never downloads: a model not
+    on disk is one clear error; with offline=False it is pulled first, as `localinfer run` would."""
+    from localinfer.models import refs
+    _, catalogue, store = refs.context()
+    ref = refs.parse_ref(model, catalogue)
+    return ref, refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
+
+
+def model_file(model: str, *, offline: bool = True, progress: bool = False,
+               notify: Callable[[str], None] = quiet) -> Path:
+    """The GGUF file `model` resolves to (see `locate`)."""
+    return locate(model, offline=offline, progress=progress, notify=notify)[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def use_tests() -> None:
+    """Put tests/ on sys.path: scripts import the tests' references (the float64 forward, the
+    ONNX op recorder) rather than copies of them."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)

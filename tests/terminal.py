@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pexpect
 
-from conftest import MODELS_HOME
+from helpers import MODELS_HOME
 
 
 def spawn(*args: str, home: Path = MODELS_HOME, env: dict | None = None, columns: int = 80,

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from localinfer import settings
 from localinfer.cli.chat import HISTORY_BYTES

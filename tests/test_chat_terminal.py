@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from terminal import spawn
 
 from localinfer.engine.prompt import chat_tokens, messages_for

@@ -7,22 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from helpers import error_line, run_cli
 
 from localinfer.gguf.header import read_header
 
 EXIT_RUNTIME, EXIT_USAGE = 1, 2
 FAST = ("--temp", "0", "-n", "8")          # keeps the cases that do load a model quick
-
-
-def error_line(result) -> str:
-    """The single stderr line of a failed command, after checking the shape of the failure."""
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == "", result.stdout
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("localinfer: error: "), result.stderr
-    return lines[0]
 
 
 def assert_store_intact(home: Path) -> None:

@@ -14,7 +14,7 @@ from importlib import metadata
 import pytest
 
 import terminal
-from conftest import SMOLLM, run_cli
+from helpers import SMOLLM, run_cli
 
 COMMANDS = ("run", "chat", "map", "serve", "pull", "list", "rm", "info", "show", "devices",
             "bench", "quantize", "eval", "frontier")

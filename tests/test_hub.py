@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +27,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from conftest import run_cli, sha256_of
+from helpers import error_line, free_port, run_cli, sha256_of
 
 REPO = "localinfer-tests/SmolLM2-135M-Instruct-GGUF"
 WHOLE = "SmolLM2-135M-Instruct-Q4_1.gguf"
@@ -252,13 +251,6 @@ def cli(hub: HubStandIn, home: Path, *args: str, url: str | None = None):
     return run_cli(*args, home=home, env=hub_env(url or hub.url, home), timeout=300)
 
 
-def error_line(result) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [l for l in result.stderr.splitlines() if l.startswith("localinfer: error: ")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
-
 def greedy(hub: HubStandIn, home: Path, model: str, *extra: str) -> str:
     result = cli(hub, home, "run", model, PROMPT, "--raw", "--temp", "0", "-n", "12",
                  "--no-cache", *extra)
@@ -271,12 +263,6 @@ def expected(hub, files, tmp_path_factory) -> dict[str, str]:
     """Greedy output of each whole file, run as a path."""
     home = tmp_path_factory.mktemp("plain")
     return {q: greedy(hub, home, str(files[q]), "--draft", "none") for q in ("Q4_1", "Q4_0")}
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- a whole file, a split file, the store ---------------------------------------------------------
@@ -315,7 +301,7 @@ def test_split_model_is_pulled_part_by_part_and_runs_as_the_whole(hub, hub_home,
 
 
 def test_one_file_by_name_and_offline_without_the_hub(hub, hub_home, expected):
-    gone = f"http://127.0.0.1:{unused_port()}"
+    gone = f"http://127.0.0.1:{free_port()}"
     result = run_cli("run", f"hf:{REPO}/{WHOLE}", PROMPT, "--raw", "--temp", "0", "-n", "12",
                      "--no-cache", "--draft", "none", "--offline", home=hub_home,
                      env=hub_env(gone, hub_home))
@@ -367,7 +353,7 @@ def test_quantize_to_fit_a_budget(hub, hub_home):
     refused = cli(hub, hub_home, "run", f"hf:{REPO}", "Hi", "-n", "2", "--memory", "100MB",
                   "--offline")
     assert refused.returncode == 1
-    enough = re.search(r"a budget of (\S+) or more", error_line(refused)).group(1)
+    enough = re.search(r"a budget of (\S+) or more", error_line(refused, notes=True)).group(1)
     fitted = cli(hub, hub_home, "run", f"hf:{REPO}", "Hi", "-n", "2", "--memory", enough,
                  "--offline", "--draft", "none")
     assert fitted.returncode == 0, fitted.stderr
@@ -387,7 +373,7 @@ def test_rm_one_quant_then_the_model(hub, hub_home):
     assert everything.returncode == 0, everything.stderr
     assert not folder.exists()
     again = cli(hub, hub_home, "rm", f"hf:{REPO}")
-    assert again.returncode == 2 and "not on disk" in error_line(again)
+    assert again.returncode == 2 and "not on disk" in error_line(again, notes=True)
 
 
 def test_auto_fit_picks_among_the_listed_quants(hub, tmp_path):
@@ -408,7 +394,7 @@ def test_bytes_that_do_not_match_the_listing_are_never_published(hub, tmp_path, 
     for quant in ("Q4_1", "Q4_0"):
         result = cli(hub, home, "pull", f"hf:localinfer-tests/tampered-GGUF:{quant}")
         assert result.returncode == 1
-        assert "checksum mismatch" in error_line(result)
+        assert "checksum mismatch" in error_line(result, notes=True)
     folder = home / "data/models/hf--localinfer-tests--tampered-gguf"
     assert not list(folder.glob("*.gguf"))
     # What stays for the next pull to resume from are the parts that matched (here the first).
@@ -426,16 +412,16 @@ def test_bytes_that_do_not_match_the_listing_are_never_published(hub, tmp_path, 
 def test_runtime_errors_are_one_line(hub, tmp_path, model, message):
     result = cli(hub, tmp_path / "home", "run", model, "hi", "-n", "1")
     assert result.returncode == 1
-    assert message in error_line(result)
+    assert message in error_line(result, notes=True)
 
 
 def test_unreachable_hub_and_offline_with_nothing_on_disk(hub, tmp_path):
-    gone = f"http://127.0.0.1:{unused_port()}"
+    gone = f"http://127.0.0.1:{free_port()}"
     result = cli(hub, tmp_path / "home", "pull", f"hf:{REPO}", url=gone)
     assert result.returncode == 1
-    assert "cannot reach the Hugging Face Hub" in error_line(result)
+    assert "cannot reach the Hugging Face Hub" in error_line(result, notes=True)
     offline = cli(hub, tmp_path / "home", "run", f"hf:{REPO}", "hi", "--offline")
-    assert offline.returncode == 1 and "--offline" in error_line(offline)
+    assert offline.returncode == 1 and "--offline" in error_line(offline, notes=True)
     assert not hub.downloads or all("no-" not in d for d in hub.downloads)
 
 
@@ -446,7 +432,7 @@ def test_unreachable_hub_and_offline_with_nothing_on_disk(hub, tmp_path):
 def test_malformed_references_are_usage_errors(hub, tmp_path, model):
     result = cli(hub, tmp_path / "home", "run", model, "hi", "-n", "1")
     assert result.returncode == 2, result.stderr
-    error_line(result)
+    error_line(result, notes=True)
     assert not (tmp_path / "home" / "data").exists() or \
         not list((tmp_path / "home" / "data").rglob("*.json"))
 
@@ -461,8 +447,8 @@ def test_a_hostile_listing_on_disk_is_not_used(hub, tmp_path):
                 json.dumps({**listing, "repo": "someone/else"}).encode()):
         (folder / "hub-listing.json").write_bytes(bad)
         result = cli(hub, home, "run", f"hf:{REPO}", "hi", "--offline")
-        assert result.returncode == 1 and "--offline" in error_line(result)
+        assert result.returncode == 1 and "--offline" in error_line(result, notes=True)
     (folder / "hub-listing.json").write_text(json.dumps(listing))
     result = cli(hub, home, "run", f"hf:{REPO}", "hi", "--offline")
-    assert result.returncode == 1 and "has no GGUF model file" in error_line(result)
+    assert result.returncode == 1 and "has no GGUF model file" in error_line(result, notes=True)
     assert not (home / "evil-Q4_1.gguf").exists()

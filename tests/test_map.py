@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from parity import first_difference, parting_gap
 
 from localinfer.backends import LoadOptions

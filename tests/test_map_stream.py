@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from localinfer.cli import shell
 from localinfer.engine.decode import Limits

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GEMMA, MODELS_HOME, run_cli
+from helpers import GEMMA, load_file, run_cli
 from onnx_reference import PARTING_TOLERANCE, Float64Model, exact_gap
 from parity import first_difference
 from test_run import QUESTION
@@ -24,16 +24,15 @@ from localinfer.cache.prompt_cache import PromptCache
 from localinfer.engine.batching import GRAIN, LAYOUT
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
-from localinfer.engine.load import LoadedModel, load_model
 from localinfer.engine.prompt import chat_tokens, raw_tokens, with_bos
 from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.errors import LocalinferError
 from localinfer.measure import quality
-from localinfer.models import refs
 from localinfer.gguf.header import read_header
 from localinfer.speculate.drafters import PromptLookup
 
 pytestmark = [
+    pytest.mark.usefixtures("in_models_home"),   # caches in the test home
     pytest.mark.slow,
     pytest.mark.skipif(find_spec("mlx") is None or find_spec("mlx_lm") is None,
                        reason="MLX is not installed (pip install -e '.[mlx]')"),
@@ -44,21 +43,11 @@ OPTIONS = LoadOptions(n_ctx=1024)
 N_FORCED = 512
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _test_home(in_models_home):
-    yield
-
-
-def _load(path: Path, backend: str) -> LoadedModel:
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return load_model(ref, path, backend=backend, options=OPTIONS)
-
-
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
 def pair(request, smollm_path, gemma_path):
     """(MLX model, llama.cpp model) of one real model file."""
     path = smollm_path if request.param == "smollm" else gemma_path
-    mlx, ref = _load(path, "mlx"), _load(path, "llama.cpp")
+    mlx, ref = load_file(path, OPTIONS, "mlx"), load_file(path, OPTIONS, "llama.cpp")
     assert mlx.backend == "mlx" and ref.backend == "llama.cpp"
     yield mlx, ref
     mlx.session.close()
@@ -126,7 +115,7 @@ def exact_smollm(smollm_path):
 def test_exact_against_a_float64_forward(smollm_path, exact_smollm):
     """An independent float64 numpy forward of the SmolLM2 file, written from llama.cpp's
     definition (interleaved rope straight on the GGUF rows): MLX computes the same model."""
-    mlx = _load(smollm_path, "mlx").session
+    mlx = load_file(smollm_path, OPTIONS, "mlx").session
     tokens = _forced_tokens(mlx)[:128]
     exact = exact_smollm.logits(tokens)
     ours = mlx.eval(tokens, logits="all")
@@ -139,7 +128,7 @@ def test_greedy_on_the_chat_prompts_is_the_exact_models(smollm_path, exact_smoll
     """SmolLM2's greedy output parts from llama.cpp's on every chat prompt of the tests, at a
     near-tie or where llama.cpp's logit is off by up to 1.0 (measured: tokens 1, 4, 29 and 4).
     MLX's first 32 tokens are the exact model's: each is the float64 forward's argmax there."""
-    mlx = _load(smollm_path, "mlx")
+    mlx = load_file(smollm_path, OPTIONS, "mlx")
     for prompt in _prompts(mlx):
         ours = _greedy(mlx, prompt)
         exact = exact_smollm.logits(prompt + ours)[len(prompt) - 1:-1].argmax(-1)
@@ -378,7 +367,7 @@ def test_unsupported_architecture_is_one_clear_line(models_home, tmp_path):
 def test_an_interrupt_after_the_model_call_leaves_no_stale_cache_entries(smollm_path):
     """Ctrl-C lands after the layers' caches moved and before n_past counted them: the next eval
     and trim see the caches brought back to n_past, and give the cold logits."""
-    model = _load(smollm_path, "mlx")
+    model = load_file(smollm_path, OPTIONS, "mlx")
     s = model.session
     try:
         tokens = raw_tokens(s, "The quick brown fox jumps over the lazy dog because")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_HOME, SMOLLM
+from helpers import MODELS_HOME, SMOLLM
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GEMMA, SMOLLM, run_cli
+from helpers import GEMMA, SMOLLM, load_file, run_cli
 from onnx_reference import PARTING_TOLERANCE, Float64Model, exact_gap, kl, token_nlls
 from parity import first_difference
 from test_run import QUESTION
@@ -20,30 +20,18 @@ from localinfer.cache.prompt_cache import PromptCache
 from localinfer.engine.batching import GRAIN, LAYOUT
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
-from localinfer.engine.load import LoadedModel, load_model
 from localinfer.engine.prompt import with_bos
 from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.errors import LocalinferError
 from localinfer.measure import quality
-from localinfer.models import refs
 
 pytest.importorskip("onnxruntime")
 from localinfer.backends.onnx.session import OnnxOptions, OnnxSession  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("in_models_home")]   # caches in the test home
 GREEDY = SamplingParams(temperature=0)
 OPTIONS = LoadOptions(n_ctx=1024)
 EXACT = OnnxOptions(accuracy=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _test_home(in_models_home):
-    yield
-
-
-def _load(path: Path, backend: str) -> LoadedModel:
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return load_model(ref, path, backend=backend, options=OPTIONS)
 
 
 def _text_tokens(session, n: int) -> list[int]:
@@ -114,7 +102,7 @@ def test_the_static_form_is_exact_too(smollm_path):
 def pair(request):
     """(ONNX model, llama.cpp model) of one real model file, as `--backend` loads them."""
     path = _path(request, request.param)
-    onnx, ref = _load(path, "onnx"), _load(path, "llama.cpp")
+    onnx, ref = load_file(path, OPTIONS, "onnx"), load_file(path, OPTIONS, "llama.cpp")
     assert onnx.backend == "onnx" and ref.backend == "llama.cpp"
     yield request.param, onnx, ref
     onnx.session.close()

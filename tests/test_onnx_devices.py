@@ -19,7 +19,7 @@ from localinfer import backends
 from localinfer.backends.onnx import devices as onnx_devices, npu as onnx_npu
 from localinfer.backends.onnx.devices import Target, Verdict
 
-from conftest import run_cli
+from helpers import run_cli
 
 pytestmark = pytest.mark.slow
 MISSING_NPU = Target("QNNExecutionProvider", "NPU", "Qualcomm")   # not in this onnxruntime build

@@ -17,7 +17,7 @@ from localinfer.errors import ModelLoadError, UsageError
 from localinfer.gguf.header import read_header
 
 pytest.importorskip("onnx")
-from conftest import sha256_of  # noqa: E402
+from helpers import sha256_of  # noqa: E402
 from gguf_patch import set_value  # noqa: E402
 from onnx_tiny import write_tiny  # noqa: E402
 

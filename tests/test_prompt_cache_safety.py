@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from localinfer.cache import entry, prompt_cache
 from localinfer.cache.entry import CorruptEntry

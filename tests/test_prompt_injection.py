@@ -14,7 +14,7 @@ import urllib.request
 
 import chat_templates
 import pytest
-from conftest import SMOLLM, run_cli
+from helpers import SMOLLM, run_cli
 
 from localinfer.engine import templates
 from localinfer.engine.prompt import (PromptText, chat_tokens, messages_for, prompt_tokens,

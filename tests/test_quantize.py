@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.gguf.header import read_header

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import GEMMA, SMOLLM, run_cli
+from helpers import GEMMA, SMOLLM, run_cli
 
 QUESTION = "Why is the sky blue?"
 GREEDY = ("--temp", "0", "--offline")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,21 +14,15 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import MODELS_HOME
+from helpers import MODELS_HOME, free_port
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct:Q4_1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(*args: str, env: dict | None = None, ctx: str = "512") -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "smollm2", "--offline",
                              "--port", str(port), "--ctx", ctx, *args],
                             env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), **(env or {})},
@@ -84,7 +77,7 @@ def test_a_whole_chat_completion_is_greedy_and_counted(client, models_home):
     assert first.choices[0].message.content == second.choices[0].message.content != ""
     assert first.choices[0].finish_reason in ("stop", "length")
     assert first.usage.completion_tokens <= 12 and first.usage.prompt_tokens > 5
-    from conftest import run_cli
+    from helpers import run_cli
     run = run_cli("run", "smollm2", "Name a colour.", "--temp", "0", "-n", "12", "--offline",
                   "--draft", "none")
     assert first.choices[0].message.content == run.stdout.rstrip("\n")
@@ -171,7 +164,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(client, server):
 
 
 def test_off_loopback_needs_an_api_key(models_home):
-    from conftest import run_cli
+    from helpers import run_cli
     refused = run_cli("serve", "smollm2", "--host", "0.0.0.0", "--offline")
     assert refused.returncode == 2 and "needs --api-key" in refused.stderr
     proc, url = _start("--api-key", "s3cret")

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_HOME, run_cli
+from helpers import MODELS_HOME, free_port, run_cli
 
 openai = pytest.importorskip("openai")
 MODEL = "smollm2-135m-instruct:Q4_1"
@@ -25,17 +25,11 @@ SYSTEM = "You answer in one short sentence."
 ASK = [{"role": "user", "content": "Name a colour."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """A live `serve smollm2` whose stderr goes to a file, stopped with a signal."""
 
     def __init__(self, *args: str, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"serve-{self.port}.log"
         with open(self.log_path, "w") as log:

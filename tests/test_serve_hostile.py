@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_HOME
+from helpers import MODELS_HOME, free_port
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -52,15 +52,9 @@ class Server:
         assert self.proc.wait(timeout=60) == 0, self.log()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(*args: str, tmp: Path) -> Server:
     """A live server whose stderr goes to a file (a pipe nobody reads could fill and stall it)."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp / f"serve-{port}.log"
     with open(log_path, "w") as log:
         # One thread: ggml's threads spin-wait for one another at every step, and on a machine

@@ -9,17 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_HOME, run_cli
-
-
-def home_with(tmp_path: Path, config: str = "", *, models: bool = False) -> Path:
-    home = tmp_path / "home"
-    (home / "config").mkdir(parents=True)
-    if config:
-        (home / "config" / "config.toml").write_text(config)
-    if models:
-        (home / "data").symlink_to(MODELS_HOME / "data", target_is_directory=True)
-    return home
+from helpers import home_with, run_cli
 
 
 def parameters(home: Path, model: str = "smollm2") -> tuple[dict, dict[str, str]]:

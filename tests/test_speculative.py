@@ -4,21 +4,18 @@ drafter, KV caches consistent after rejections, vocabulary mismatch refused, and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import GEMMA, MODELS_HOME, SMOLLM, run_cli
+from helpers import GEMMA, SMOLLM, load_file, prompt_tokens, run_cli
 
 from localinfer.backends import LoadOptions
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
-from localinfer.engine.load import LoadedModel, load_model
-from localinfer.engine.prompt import chat_tokens, raw_tokens
 from localinfer.engine.sampling import SamplingParams, make_sampler
-from localinfer.models import refs
 from localinfer.speculate import choose
 from localinfer.speculate.drafters import DraftModel, PromptLookup
 
+pytestmark = pytest.mark.usefixtures("in_models_home")   # caches in the test home
 GREEDY = SamplingParams(temperature=0)
 OPTIONS = LoadOptions(n_ctx=1024)
 
@@ -38,34 +35,18 @@ G_LIST = ("Names: Alice Brown, Bob Smith, Carol White, David Green.\n"
 G_OPEN = "Once upon a time, in a small village by the mountains,"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _test_home(in_models_home):
-    yield
-
-
-def _load(path: Path) -> LoadedModel:
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return load_model(ref, path, backend="auto", options=OPTIONS)
-
-
 @pytest.fixture(scope="module")
 def smollm(smollm_path):
-    loaded = _load(smollm_path)
+    loaded = load_file(smollm_path, OPTIONS)
     yield loaded
     loaded.session.close()
 
 
 @pytest.fixture(scope="module")
 def gemma(gemma_path):
-    loaded = _load(gemma_path)
+    loaded = load_file(gemma_path, OPTIONS)
     yield loaded
     loaded.session.close()
-
-
-def _prompt(loaded, text: str) -> list[int]:
-    if loaded.session.chat_template:
-        return chat_tokens(loaded.session, [{"role": "user", "content": text}])
-    return raw_tokens(loaded.session, text)
 
 
 def _plain(loaded, prompt, limits) -> tuple[list[int], str]:
@@ -84,7 +65,7 @@ def _speculative(loaded, prompt, limits, drafter, max_draft=6, adaptive=False):
 
 def _check_identity(loaded, drafter, texts, limits):
     for text in texts:
-        prompt = _prompt(loaded, text)
+        prompt = prompt_tokens(loaded, text)
         plain = Generation(KVCache(loaded.session), prompt, make_sampler(GREEDY), limits)
         plain_text = "".join(plain)
         for adaptive in (False, True):
@@ -154,7 +135,7 @@ def test_gemma_stop_string_inside_a_copied_run(gemma):
 # -- KV consistency -------------------------------------------------------------------------------
 def test_continuing_after_rejections_equals_a_fresh_run(gemma, gemma_self):
     session = gemma.session
-    prompt = _prompt(gemma, G_OPEN)
+    prompt = prompt_tokens(gemma, G_OPEN)
     cache = KVCache(session)
     gen = choose.speculative(gemma, cache, prompt, GREEDY, Limits(24), gemma_self, max_draft=6,
                                adaptive=False)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import error_line, run_cli
 
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.models import catalogue, store_sweep
@@ -38,14 +38,9 @@ def write_config(home: Path, text: str) -> Path:
 
 
 def one_error(result: subprocess.CompletedProcess, code: int, *, notes: bool = False) -> str:
-    """The error line of a failed command, after checking the exit code and stdout: the only line
-    on stderr, or with `notes` (a pull's progress) the last one and the only error."""
+    """The error line of a failed command that exited with `code` (see helpers.error_line)."""
     assert result.returncode == code, result.stderr
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    errors = [line for line in lines if line.startswith("localinfer: error: ")]
-    assert errors == lines[-1:] and (notes or len(lines) == 1), result.stderr
-    return lines[-1]
+    return error_line(result, notes=notes)
 
 
 def tree(folder: Path) -> dict[str, int]:

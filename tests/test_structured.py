@@ -7,23 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import numpy as np
 import pytest
-from conftest import SMOLLM, run_cli
+from helpers import SMOLLM, load_file, prompt_tokens, run_cli
 
 from localinfer.backends import LoadOptions, available_backends
 from localinfer.engine import constrain
 from localinfer.engine.constrain import Constraint, ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
-from localinfer.engine.load import LoadedModel, load_model
-from localinfer.engine.prompt import chat_tokens, raw_tokens
+from localinfer.engine.load import LoadedModel
 from localinfer.engine.sampling import SamplingParams, candidate_probs
 from localinfer.engine.structured import OutputFormat, from_schema, incomplete
-from localinfer.models import refs
 from localinfer.speculate import choose
 from localinfer.speculate.drafters import Draft, PromptLookup
 from localinfer.speculate.verify import SamplingPolicy, accept_or_resample
@@ -39,44 +36,29 @@ PERSON = {"type": "object", "required": ["name", "age", "city", "languages", "em
 PEOPLE = {"type": "object", "required": ["people"],
           "properties": {"people": {"type": "array", "items": PERSON,
                                     "minItems": 4, "maxItems": 4}}}
+pytestmark = pytest.mark.usefixtures("in_models_home")   # caches in the test home
 GREEDY = SamplingParams(temperature=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _test_home(in_models_home):
-    yield
-
-
-def _load(path: Path, backend: str = "llama.cpp") -> LoadedModel:
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return load_model(ref, path, backend=backend, options=LoadOptions(n_ctx=2048))
+OPTIONS = LoadOptions(n_ctx=2048)
 
 
 @pytest.fixture(scope="module")
 def smollm(smollm_path):
-    loaded = _load(smollm_path)
+    loaded = load_file(smollm_path, OPTIONS, "llama.cpp")
     yield loaded
     loaded.session.close()
 
 
 @pytest.fixture(scope="module")
 def gemma(gemma_path):
-    loaded = _load(gemma_path)
+    loaded = load_file(gemma_path, OPTIONS, "llama.cpp")
     yield loaded
     loaded.session.close()
-
-
-def _prompt(loaded: LoadedModel, text: str) -> list[int]:
-    s = loaded.session
-    if s.chat_template:
-        return chat_tokens(s, [{"role": "user", "content": text}])
-    return raw_tokens(s, text)
 
 
 def _constrained(loaded: LoadedModel, schema: dict, text: str, params=GREEDY,
                  max_tokens: int = 400) -> tuple[str, Generation]:
     grammar = loaded.session.grammar(from_schema(schema, "test").gbnf)
-    generation = Generation(KVCache(loaded.session, None), _prompt(loaded, text),
+    generation = Generation(KVCache(loaded.session, None), prompt_tokens(loaded, text),
                             ConstrainedSampler(params, grammar), Limits(max_tokens))
     return "".join(generation), generation
 
@@ -88,6 +70,7 @@ def _valid(text: str, schema: dict) -> dict:
 
 
 # -- answers validate ---------------------------------------------------------------------------
+@pytest.mark.slow   # the real models, through request.getfixturevalue
 @pytest.mark.parametrize("model", ["smollm", "gemma"])
 def test_greedy_answer_validates_and_the_windowed_mask_changes_nothing(request, model,
                                                                        monkeypatch):
@@ -142,7 +125,7 @@ def _speculative(loaded: LoadedModel, schema: dict, prompt: list[int], drafter, 
 
 
 def test_speculation_keeps_the_constrained_answer_and_never_a_rejected_guess(smollm):
-    prompt = _prompt(smollm, "Four fictional people as JSON:")
+    prompt = prompt_tokens(smollm, "Four fictional people as JSON:")
     plain, _ = _constrained(smollm, PEOPLE, "Four fictional people as JSON:")
     bad = smollm.session.tokenize(" zebra!!", special=False)
     hostile, stats = _speculative(smollm, PEOPLE, prompt, _Hostile(bad))
@@ -151,6 +134,7 @@ def test_speculation_keeps_the_constrained_answer_and_never_a_rejected_guess(smo
     assert lookup == plain and stats.accepted > 0
 
 
+@pytest.mark.slow   # the real models, through request.getfixturevalue
 @pytest.mark.parametrize("model", ["smollm", "gemma"])
 def test_speculation_over_a_long_document_equals_plain_constrained(request, model):
     """Copying names out of a long document: lookup drafts are long and mostly right, and the
@@ -163,7 +147,7 @@ def test_speculation_over_a_long_document_equals_plain_constrained(request, mode
                                        "items": {"type": "string", "enum": names}}}}
     text = f"{document}\nThe five people in these records, as JSON: "
     loaded = request.getfixturevalue(model)
-    prompt = _prompt(loaded, text)          # as _constrained prompts it: templated on SmolLM2
+    prompt = prompt_tokens(loaded, text)          # as _constrained prompts it: templated on SmolLM2
     assert len(prompt) > 1000
     plain, _ = _constrained(loaded, schema, text)
     _valid(plain, schema)
@@ -298,7 +282,7 @@ def test_the_acceptance_rule_never_keeps_a_guess_the_grammar_rejects():
 def test_other_backends_answers_validate(smollm_path, backend):
     if not available_backends()[backend]:
         pytest.skip(f"{backend} is not installed here")
-    loaded = _load(smollm_path, backend)
+    loaded = load_file(smollm_path, OPTIONS, backend)
     try:
         schema = {"type": "object", "required": ["city", "country"],
                   "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}

@@ -12,7 +12,7 @@ import resource
 import time
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from localinfer.engine import structured
 from localinfer.engine.schema_check import KEYWORDS

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_HOME, run_cli
+from helpers import error_line, home_with, run_cli
 
 from localinfer.cli import defaults
 
@@ -20,26 +20,13 @@ PROMPT = "Write one sentence about the sea."
 QUICK = ("--offline", "--draft", "none")
 
 
-def home_with(tmp_path: Path, config: str, *, models: bool = False) -> Path:
-    """A LOCALINFER_HOME whose config.toml holds `config`; with `models`, the test models' store
-    (linked, read only: the prompt cache and the rest are this home's own)."""
-    home = tmp_path / "home"
-    (home / "config").mkdir(parents=True)
-    (home / "config" / "config.toml").write_text(config)
-    if models:
-        (home / "data").symlink_to(MODELS_HOME / "data", target_is_directory=True)
-    return home
-
-
 def one_error(result, *words: str) -> str:
     """The single stderr line of a refusal (exit 2), which must name every one of `words`."""
     assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("localinfer: error: "), result.stderr
-    assert result.stdout == ""
+    line = error_line(result)
     for word in words:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
+        assert word in line, (word, line)
+    return line
 
 
 # -- the file ------------------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""What the test modules share, written once: the two real models and their home, the CLI in a
+subprocess, the shape of a one-line error, loading a GGUF file in-process, and small utilities.
+Fixtures live in conftest.py; this module holds plain names a test imports (`from helpers import`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+SMOLLM = "smollm2"            # SmolLM2-135M-Instruct Q4_1, instruct with a chat template
+GEMMA = "gemma-3-270m"        # Gemma 3 270M Q4_K_M, base model, 262k vocabulary
+
+# Survives between runs so the models are fetched once per machine; CI may point it elsewhere.
+MODELS_HOME = Path(os.environ.get("LOCALINFER_TEST_HOME",
+                                  Path.home() / ".cache" / "localinfer-tests" / "home"))
+
+ERROR = "localinfer: error: "
+
+
+def run_cli(*args: str, home: Path = MODELS_HOME, input: str | None = None,
+            env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m localinfer ARGS` as a user would, stdin piped (or closed when input is None)."""
+    full_env = {**os.environ, "LOCALINFER_HOME": str(home), "NO_COLOR": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "localinfer", *args], input=input,
+                          stdin=None if input is not None else subprocess.DEVNULL,
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def error_line(result: subprocess.CompletedProcess, *, notes: bool = False) -> str:
+    """The error line of a failed command, after checking the shape of the failure: no traceback,
+    nothing on stdout, one `localinfer: error: ` line and it is the last line on stderr — the only
+    line, or with `notes` (a pull's progress, a note on the way) after the command's notes."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == "", result.stdout
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith(ERROR)]
+    assert errors == lines[-1:], result.stderr
+    assert notes or len(lines) == 1, result.stderr
+    return lines[-1]
+
+
+def sha256_of(path: Path) -> str:
+    """A file's sha256, computed here rather than by the code under test."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def home_with(tmp_path: Path, config: str | None = None, *, models: bool = False) -> Path:
+    """A LOCALINFER_HOME under tmp_path whose config/config.toml holds `config` (no file when None);
+    with `models`, the test models' store linked in (read only: the caches are this home's own)."""
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    if config is not None:
+        (home / "config" / "config.toml").write_text(config)
+    if models:
+        (home / "data").symlink_to(MODELS_HOME / "data", target_is_directory=True)
+    return home
+
+
+def load_file(path: Path, options, backend: str = "auto"):
+    """A GGUF file loaded in-process as `localinfer run PATH` loads it (a file reference, no fit):
+    a LoadedModel whose session the caller closes."""
+    from localinfer.engine.load import load_model
+    from localinfer.models import refs
+    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
+    return load_model(ref, path, backend=backend, options=options)
+
+
+def prompt_tokens(loaded, text: str) -> list[int]:
+    """`text` as one user turn in the model's chat template, or raw text for a model without one."""
+    from localinfer.engine.prompt import chat_tokens, raw_tokens
+    if loaded.session.chat_template:
+        return chat_tokens(loaded.session, [{"role": "user", "content": text}])
+    return raw_tokens(loaded.session, text)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -31,6 +31,15 @@ class BorrowedVocabulary:
             self._vocab.close()
             self._vocab = None
 
+    def close(self) -> None:
+        self._close_vocabulary()
+
+    def __del__(self) -> None:
+        try:
+            self.close()        # the session's own close, which ends with _close_vocabulary
+        except Exception:       # a half-made session, or the interpreter shutting down
+            pass
+
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         return self._vocab.tokenize(text, special=special)
 

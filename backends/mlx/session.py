@@ -182,12 +182,6 @@ class MlxSession(BorrowedVocabulary):
         self._cache = []
         self._close_vocabulary()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 def compute_dtype(arch: str):
     """float32 on the CPU build (its matmuls are float32, and it matches llama.cpp's activations);

@@ -141,12 +141,6 @@ class OnnxSession(BorrowedVocabulary):
         self._runner = None
         self._close_vocabulary()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 # -- opening the export on ONNX Runtime -------------------------------------------------------------
 def _open(path: Path, header, spec, n_ctx: int, options: LoadOptions, onnx: OnnxOptions):

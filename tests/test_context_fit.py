@@ -154,10 +154,11 @@ def test_chat_grows_its_context_before_it_drops_old_turns(can_grow):
         return _loaded(4096) if can_grow else None
 
     first = _loaded(256)
-    state = chat._Chat(first, KVCache(first.session), use_cache=False, grow=grow)
     messages = [{"role": "user", "content": "x" * 100}, {"role": "assistant", "content": "y" * 100},
                 {"role": "user", "content": "z" * 100}]
-    tokens = chat._fitted_tokens(state, None, messages, Limits(max_tokens=40))
+    state = chat._Chat(first, KVCache(first.session), use_cache=False, grow=grow, system=None,
+                       messages=messages)
+    tokens = chat._fitted_tokens(state, Limits(max_tokens=40))
     assert asked and asked[0] > 256
     if can_grow:
         assert state.loaded.session.n_ctx == 4096 and len(messages) == 3

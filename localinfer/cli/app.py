@@ -15,7 +15,7 @@ import traceback
 import typer
 
 from localinfer import settings
-from localinfer.cli import (batch, cache, console, defaults, generate, measure, models, serve,
+from localinfer.cli import (batch, cache, console, generate, measure, models, serve,
                             shell, show)
 from localinfer.cli import help_style
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
@@ -130,13 +130,29 @@ def _invoke(args: list[str]) -> object:
     try:
         # config.toml's [defaults] as click's defaults: checked by each option's own type
         with command.make_context("localinfer", args,
-                                  default_map=defaults.default_map(command, args)) as ctx:
+                                  default_map=_config_defaults(command, args)) as ctx:
             return command.invoke(ctx)
     except _CLICK_EXIT as e:
         return e.exit_code
     except _ClickUsageError as e:
-        defaults.blame(e)       # a value from config.toml: the line names the file
+        if _has_config():
+            from localinfer.cli import defaults
+            defaults.blame(e)   # a value from config.toml: the line names the file
         raise
+
+
+def _has_config() -> bool:
+    conf = settings.load()
+    return conf.user_config.exists() or conf.user_catalogue.exists()
+
+
+def _config_defaults(command, args: list[str]):
+    """config.toml's defaults (and the user catalogue's stray keys warned about); without either
+    file nothing is read, and TOML is not even imported: start-up stays as it was."""
+    if not _has_config():
+        return None
+    from localinfer.cli import defaults
+    return defaults.default_map(command, args)
 
 
 def _fail(message: str, code: int, exc: BaseException) -> None:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import typer
 
-from localinfer.cli import console, defaults
+from localinfer.cli import console
 from localinfer.cli.options import json_option
 from localinfer.errors import LocalinferError
 from localinfer.models.refs import ModelRef
-from localinfer.user_config import toml_value
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 # Control tokens shown as text before "... and N more"; --json lists up to gguf/tokens.py's bound.
@@ -48,6 +47,7 @@ def show(
     sections = [name for name, chosen in (("template", template), ("parameters", parameters))
                 if chosen] or ["template", "parameters", "special_tokens"]
     run = ctx.find_root().command.commands["run"]
+    from localinfer.cli import defaults
     params = defaults.in_force(run, defaults.names_of(model))
     ref = _ref(model)
     if sections == ["parameters"] and not as_json:
@@ -123,6 +123,7 @@ def _write_template(template: str | None) -> None:
 
 
 def _write_parameters(params: list[tuple[str, object, str]]) -> None:
+    from localinfer.user_config import toml_value
     lines = [(f"{name} = {toml_value(value)}", source) for name, value, source in params]
     width = max((len(line) for line, _ in lines), default=0)
     for line, source in lines:

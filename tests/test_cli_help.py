@@ -16,7 +16,7 @@ import pytest
 import terminal
 from helpers import SMOLLM, run_cli
 
-COMMANDS = ("run", "chat", "map", "serve", "pull", "list", "rm", "info", "show", "devices",
+COMMANDS = ("run", "chat", "map", "serve", "pull", "list", "rm", "info", "show", "devices", "cache",
             "bench", "quantize", "eval", "frontier")
 PANELS = ("Sampling", "Context and memory", "Speculation", "Output", "Backend")
 

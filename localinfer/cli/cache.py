@@ -14,7 +14,8 @@ from localinfer.units import counted, human_size
 # prompt_cache (and its numpy) is imported by each command: this module is loaded for every
 # `localinfer` invocation, because the main app registers it as a sub-command.
 
-app = typer.Typer(help="The prompt cache: KV states of earlier prompts, reused automatically.",
+app = typer.Typer(help="The prompt cache: KV states of earlier prompts, reused automatically.\n\n"
+                  "\b\nlocalinfer cache stats\nlocalinfer cache ls --json\nlocalinfer cache clear",
                   no_args_is_help=True)
 
 

@@ -16,7 +16,6 @@ from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, ctx_option,
                                     gpu_layers_option, json_option, model_argument,
                                     offline_option, parse_gpu_layers, reporter,
                                     threads_option)
-from localinfer.pipeline.load import open_model
 from localinfer.errors import UsageError
 from localinfer.units import counted, human_size
 
@@ -64,6 +63,7 @@ def bench(
     # --draft measures its own prompts (short ones), on the exact cache drafting needs.
     options = LoadOptions(n_ctx=n_prompt + n_gen + 16, n_threads=threads,
                           long_prompt=draft == "none" and n_prompt >= LONG_PROMPT_TOKENS)
+    from localinfer.pipeline.load import open_model
     loaded = open_model(model, options, backend=backend, offline=offline, report=reporter(),
                         place=True, gpu_layers=parse_gpu_layers(gpu_layers))
     if draft != "none":
@@ -211,6 +211,7 @@ def eval_cmd(
     from localinfer.measure import quality
     words = quality.read_text(text)
     options = LoadOptions(n_ctx=ctx, n_threads=threads, n_batch=ctx)
+    from localinfer.pipeline.load import open_model
     loaded = open_model(model, options, backend=backend, offline=offline, report=reporter())
     ref = open_model(reference, options, backend=backend, offline=offline,
                      report=reporter()) if reference else None

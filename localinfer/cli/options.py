@@ -17,7 +17,6 @@ from localinfer.backends import BACKEND_CHOICES
 from localinfer.cli import console
 from localinfer.errors import UsageError
 from localinfer.fit.options import FitOptions, Reporter, gpu_layers_count
-from localinfer.pipeline.load import check_backend  # noqa: F401 - the commands' check, re-exported
 
 GGML_MAX_N_THREADS = 512      # ggml.h: the size of the thread pool's tables
 # Tokens of context (and of one `eval` chunk, which is also its batch). The longest context any
@@ -207,6 +206,13 @@ def offline_option(help_text: str = "Never download; fail if the model is not on
 
 def json_option(help_text: str = "Print JSON."):
     return typer.Option(False, "--json", rich_help_panel=OUTPUT, help=help_text)
+
+
+def check_backend(backend: str) -> None:
+    """--backend checked before anything is pulled (pipeline.load's rule, imported on use: the
+    pipeline's imports would cost every `localinfer --help` 30 ms)."""
+    from localinfer.pipeline.load import check_backend as check
+    check(backend)
 
 
 # -- from the options to the library's --------------------------------------------------------

@@ -67,10 +67,8 @@ def home_with(tmp_path: Path, config: str | None = None, *, models: bool = False
 def load_file(path: Path, options, backend: str = "auto"):
     """A GGUF file loaded in-process as `localinfer run PATH` loads it (a file reference, no fit):
     a LoadedModel whose session the caller closes."""
-    from localinfer.engine.load import load_model
-    from localinfer.models import refs
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    return load_model(ref, path, backend=backend, options=options)
+    from localinfer.pipeline.load import open_model
+    return open_model(str(path), options, backend=backend, offline=True)
 
 
 def prompt_tokens(loaded, text: str) -> list[int]:

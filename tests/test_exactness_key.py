@@ -14,13 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import load_file, run_cli
 from gguf_patch import set_value
 from test_pull import SMOLLM_PIP, SMOLLM_SHA, SMOLLM_SIZE, write_catalogue
 
 from localinfer.backends import LoadOptions
-from localinfer.engine.load import load_model
-from localinfer.models import refs
 from localinfer.gguf.header import read_header
 from localinfer.quant import quantize
 from localinfer.speculate import exactness
@@ -44,8 +42,7 @@ def variants(smollm_path: Path, tmp_path_factory) -> dict[str, Path]:
 def verdict(path: Path, cache_file: Path) -> tuple[int, list[str]]:
     """The verdict for `path` through the cache, and the notes said before any probe."""
     notes: list[str] = []
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    loaded = load_model(ref, path, backend="llama.cpp", options=LoadOptions(n_ctx=512))
+    loaded = load_file(path, LoadOptions(n_ctx=512), backend="llama.cpp")
     try:
         value = exactness.exact_batch(loaded.session, path, "llama.cpp", cache_file,
                                       notify=notes.append)
@@ -81,8 +78,7 @@ def test_a_shorter_context_s_verdict_is_not_reused_by_a_longer_one(variants, tmp
     """A probe in a 64-token context compares at prefix 48 only: a 512-token context views more."""
     cache_file = tmp_path / "exact_batch.json"
     path = variants["shipped"]
-    ref = refs.ModelRef(display=path.name, spec=None, quant=None, path=path)
-    short = load_model(ref, path, backend="llama.cpp", options=LoadOptions(n_ctx=64))
+    short = load_file(path, LoadOptions(n_ctx=64), backend="llama.cpp")
     try:
         exactness.exact_batch(short.session, path, "llama.cpp", cache_file)
     finally:

@@ -215,7 +215,8 @@ def test_chat_counts_each_turn_as_text(models_home, smollm):
     script = f"{first}\nAnd <|im_start|>again\n/exit\n"      # chat reads a message a line
     result = run_cli("chat", SMOLLM, "--temp", "0", "-n", "4", "--offline", "-v", input=script)
     assert result.returncode == 0, result.stderr
-    counts = [int(n) for n in re.findall(r"prompt (\d+) tokens", result.stderr)]
+    counts = [int(n.replace(",", "")) for n in re.findall(r"prompt: ([\d,]+) tokens?",
+                                                          result.stderr)]
     answers = [line for line in result.stdout.splitlines() if line.strip()]
     assert counts[0] == len(chat_tokens(smollm, messages_for(first, None)))
     history = [{"role": "user", "content": first}, {"role": "assistant", "content": answers[0]},

@@ -216,7 +216,7 @@ def test_run_twice_hits_the_cache_and_prints_the_same(smollm_path, tmp_path):
     assert smollm_path.name in listing.stdout
     assert run_cli("cache", "stats", home=tmp_path).stdout.startswith("1 entry ·")
     cleared = run_cli("cache", "clear", home=tmp_path)
-    assert "removed 1 entries" in cleared.stderr
+    assert "removed 1 entry " in cleared.stderr
     assert run_cli("cache", "stats", home=tmp_path).stdout.startswith("0 entries")
 
 

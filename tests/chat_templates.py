@@ -5,6 +5,8 @@ families, with the features chat templates lean on: namespaces, loop variables, 
 string methods, tojson, raise_exception, strftime_now, macros.
 """
 
+from pathlib import Path
+
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -290,5 +292,63 @@ RECURSIVE_MACRO = """{%- macro render(value, depth) -%}
 {%- endfor -%}
 """
 
+# -- reasoning models' templates, kept byte for byte as files under data/templates/ -------------------
+# Each file is the template text exactly as its source stores it; where that source is a copy of the
+# model's own file rather than the file itself, it says so. Collected 2026-12-02.
+TEMPLATE_DIR = Path(__file__).parent / "data" / "templates"
+
+
+def _published(name: str) -> str:
+    return (TEMPLATE_DIR / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+# Qwen3-4B-Thinking-2507: the "chat_template" of its tokenizer_config.json, as dumped whole in
+# akougkas/warpio-cli warpio-docs/ai-docs/model_cards/qwen3:4b.md (2025-08-12; its config.json there
+# is the 2507 one: rope_theta 5000000, 262144 positions). Thinking only: no enable_thinking switch;
+# the generation prompt ends "<think>\n".
+QWEN3_THINKING_2507 = _published("qwen3-thinking-2507")
+
+# DeepSeek-R1-Distill-Qwen (1.5B, 7B, 14B, 32B share one tokenizer_config.json): the "chat_template"
+# of tokenizer_config.json in Evilcarbon/DeepSeek-R1-Distill-Qwen-32B, a git mirror of the Hub repo,
+# at its commit ca24ee4 "Update tokenizer_config.json" (2025-01-22). That revision's generation
+# prompt is "<｜Assistant｜>"; later Hub revisions (copies in litellm's known configs and in
+# ggml-org/llama.cpp models/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja) end it with
+# "<｜Assistant｜><think>\n" instead: those copies are not byte-exact files, so not kept here.
+DEEPSEEK_R1_DISTILL_QWEN = _published("deepseek-r1-distill-qwen")
+
+# gpt-oss-20b: chat_template.jinja of EchoCog/gpt-oss-20b, a git mirror of the Hub repo, at the
+# Hub's commit cbf31f6 "Update chat_template.jinja (#94)" (2025-08-08). The harmony format: it takes
+# reasoning_effort (default "medium"), model_identity, builtin_tools and tools, and calls
+# strftime_now for "Current date:". (ggml-org/llama.cpp's models/templates/openai-gpt-oss-120b.jinja
+# is 306 characters longer: another revision.)
+GPT_OSS_20B = _published("gpt-oss-20b")
+
+# Phi-4-mini-reasoning: a one-line template, as quoted verbatim ("the vendor template shipped with
+# unsloth/Phi-4-mini-reasoning") in a test of a fine-tuning harness found by the code search; the
+# rendering microsoft/onnxruntime-extensions pins for microsoft/Phi-4-mini-reasoning ("<|system|>Your
+# name is Phi, an AI math expert developed by Microsoft. <system><|end|><|user|>...<|end|>
+# <|assistant|>") is what it renders. No thinking switch; the model opens <think> itself.
+PHI4_MINI_REASONING = _published("phi4-mini-reasoning")
+
+# SmolLM3-3B: the template as huggingface/swift-jinja stores it for its SmolLM3 test
+# (Tests/Templates/ChatTemplates.swift, `static let smollm3 = #"""`, at e5fc2c9, 2025-08-05; added
+# 2025-07-09, the day after the release), with Swift's 8-space literal indent taken off. Whitespace
+# outside the tags may differ from the Hub file; the tags are the published ones. It reads
+# enable_thinking (default true) and "/think" or "/no_think" in the system message; with thinking
+# the generation prompt is "<|im_start|>assistant\n", without it "...<think>\n\n</think>\n".
+# It uses transformers' {% generation %} block tag (assistant-token masks), which our sandbox does
+# not know: it fails to compile there, so it is not in REAL (see test_templates.py).
+SMOLLM3 = _published("smollm3-3b")
+
+# DeepSeek-R1-0528: no byte-exact copy of its tokenizer_config.json was found in the stored sources
+# (only edited copies, e.g. with an enable_thinking switch added); not kept.
+
+REASONING = {"qwen3-thinking-2507": QWEN3_THINKING_2507,
+             "deepseek-r1-distill-qwen": DEEPSEEK_R1_DISTILL_QWEN,
+             "gpt-oss-20b": GPT_OSS_20B, "phi4-mini-reasoning": PHI4_MINI_REASONING}
+
+# Published templates our sandbox cannot render, with the reason, pinned by a test.
+UNRENDERABLE = {"smollm3-3b": (SMOLLM3, "unknown tag 'generation'")}
+
 REAL = {"smollm2": SMOLLM2, "gemma3": GEMMA3, "llama3": LLAMA3, "llama3.2": LLAMA32,
-        "qwen2.5": QWEN25, "qwen3": QWEN3, "mistral": MISTRAL, "phi3": PHI3}
+        "qwen2.5": QWEN25, "qwen3": QWEN3, "mistral": MISTRAL, "phi3": PHI3, **REASONING}

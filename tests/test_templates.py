@@ -115,6 +115,67 @@ def test_a_long_message_fits_the_output_bound():
     assert document in text
 
 
+# -- reasoning models' published templates: each renders, and its generation prompt is pinned ------
+GENERATION_PROMPT_ENDS = {
+    "qwen3-thinking-2507": "<|im_end|>\n<|im_start|>assistant\n<think>\n",   # thinking forced
+    "deepseek-r1-distill-qwen": "<｜User｜>hi<｜Assistant｜>",   # this revision: no "<think>\n"
+    "gpt-oss-20b": "<|start|>user<|message|>hi<|end|><|start|>assistant",   # the model picks a channel
+    "phi4-mini-reasoning": "<|user|>hi<|end|><|assistant|>",   # the model opens <think> itself
+}
+REASONING_TOKENS = {"qwen3-thinking-2507": ("", "<|im_end|>"),
+                    "deepseek-r1-distill-qwen": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+                    "gpt-oss-20b": ("<|startoftext|>", "<|return|>"),
+                    "phi4-mini-reasoning": ("<|endoftext|>", "<|endoftext|>")}
+
+
+def test_every_reasoning_template_has_its_pinned_ending():
+    assert set(GENERATION_PROMPT_ENDS) == set(chat_templates.REASONING) == set(REASONING_TOKENS)
+    assert set(chat_templates.REASONING) <= set(chat_templates.REAL)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATION_PROMPT_ENDS))
+def test_reasoning_template_renders_with_its_generation_prompt(name):
+    bos, eos = REASONING_TOKENS[name]
+    template = chat_templates.REASONING[name]
+    text = render(template, [{"role": "user", "content": "hi"}], bos_token=bos, eos_token=eos)
+    assert text.endswith(GENERATION_PROMPT_ENDS[name])
+    assert text == stock_render(template, [{"role": "user", "content": "hi"}],
+                                bos_token=bos, eos_token=eos)
+    closed = render(template, [{"role": "user", "content": "hi"}], bos_token=bos, eos_token=eos,
+                    add_generation_prompt=False)
+    assert text.startswith(closed.removesuffix(eos)) and len(closed) < len(text) + len(eos)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATION_PROMPT_ENDS))
+def test_reasoning_template_drops_earlier_thoughts(name):
+    """An earlier answer's <think> block does not go back into the prompt, where the template
+    strips it (Qwen3 and DeepSeek do; gpt-oss and Phi-4-mini-reasoning keep content as given)."""
+    bos, eos = REASONING_TOKENS[name]
+    text = render(chat_templates.REASONING[name], CONVERSATION, bos_token=bos, eos_token=eos)
+    assert ("add them" in text) == (name in {"gpt-oss-20b", "phi4-mini-reasoning"})
+    assert text.endswith(GENERATION_PROMPT_ENDS[name].split("hi", 1)[-1])
+
+
+def test_gpt_oss_system_header_defaults_to_medium_reasoning():
+    text = render(chat_templates.GPT_OSS_20B, messages_for("hi", "Be brief"))
+    assert text.startswith("<|start|>system<|message|>You are ChatGPT, a large language model "
+                           "trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ")
+    assert "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final." in text
+    assert "<|start|>developer<|message|># Instructions\n\nBe brief\n\n<|end|>" in text
+
+
+@pytest.mark.parametrize("name", sorted(chat_templates.UNRENDERABLE))
+def test_published_templates_our_sandbox_cannot_render(name):
+    """SmolLM3's template marks assistant turns with transformers' {% generation %} block tag (an
+    extension apply_chat_template registers for assistant-token masks): it does not compile in our
+    sandbox, nor in plain Jinja. Pinned so that the day it renders, this test says so."""
+    template, reason = chat_templates.UNRENDERABLE[name]
+    with pytest.raises(ModelLoadError, match=reason):
+        render(template, messages_for("hi", None))
+    with pytest.raises(jinja2.TemplateSyntaxError):
+        stock_render(template, messages_for("hi", None))
+
+
 # -- hostile templates end with one clear error, quickly and in little memory --------------------
 HOSTILE = {
     "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",

@@ -41,6 +41,7 @@ class LoadOptions:
     verbose: bool = False         # let the engine's own log lines through to stderr
     kv_type: str = "f16"          # KV-cache element type: f16, q8_0 or q4_0
     gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
+    cpu_moe: int = 0              # layers whose expert tensors stay in host memory (fit/moe.py)
     long_prompt: bool = False     # the first eval is a long prefill: llama.cpp's 16-bit cache
                                   # takes f16 K for the tiled attention kernel (llama/kv.py)
     n_seq: int = 1                # KV sequences in the context (llama/batched.py: one per request)

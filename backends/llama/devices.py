@@ -45,16 +45,21 @@ class Offload:
     layers: int                     # all of them: n_layer + 1
     devices: tuple[str, ...]        # the GPUs that hold them, "CUDA0 (NVIDIA ...)"
     no_gpu: bool = False            # the engine has no GPU to offload to
+    cpu_moe: int = 0                # layers (the first) whose experts were kept in host memory
 
     def as_dict(self) -> dict:
         return {"gpu_layers": self.gpu_layers, "cpu_layers": self.layers - self.gpu_layers,
                 "layers": self.layers, "gpu_devices": list(self.devices),
-                "engine_has_gpu": not self.no_gpu}
+                "engine_has_gpu": not self.no_gpu, "cpu_moe_layers": self.cpu_moe}
 
     def identity(self) -> dict:
         """For a prompt-cache key: states computed by GPU kernels are kept apart from the CPU's
-        (and the key of a CPU-only session stays what it was before GPUs were placed)."""
-        return {"offload": [self.gpu_layers, *self.devices]} if self.gpu_layers else {}
+        (and the key of a CPU-only session stays what it was before GPUs were placed); experts
+        computed on the CPU are kernels of their own too."""
+        if not self.gpu_layers:
+            return {}
+        moe = [f"cpu_moe={self.cpu_moe}"] if self.cpu_moe else []
+        return {"offload": [self.gpu_layers, *self.devices, *moe]}
 
 
 class _Registry:
@@ -77,6 +82,7 @@ class _Registry:
         self.reg_proc = bind("ggml_backend_reg_get_proc_address", p, p, ctypes.c_char_p)
         self.by_type = bind("ggml_backend_dev_by_type", p, ctypes.c_int)
         self.buft_name = bind("ggml_backend_buft_name", ctypes.c_char_p, p)
+        self.dev_buffer_type = bind("ggml_backend_dev_buffer_type", p, p)
 
 
 @functools.lru_cache(maxsize=1)
@@ -166,8 +172,12 @@ def uses_weight_buffers() -> bool:
     return "AMX" not in cpu_weight_buffers()
 
 
-def model_offload(model, n_gpu_layers: int) -> Offload:
-    """Where llama.cpp put the layers of a model it loaded with `n_gpu_layers`."""
+def model_offload(model, n_gpu_layers: int, cpu_moe: int = 0) -> Offload:
+    """Where llama.cpp put the layers of a model it loaded with `n_gpu_layers` (and the experts
+    of its first `cpu_moe` layers overridden to host memory)."""
+    from dataclasses import replace
+
     from llama_cpp import llama_cpp
     n_layer = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model)
-    return placed_layers(n_gpu_layers, n_layer, devices())
+    return replace(placed_layers(n_gpu_layers, n_layer, devices()),
+                   cpu_moe=min(cpu_moe, n_layer))

@@ -17,6 +17,7 @@ from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama.engine import engine, engine_version, init_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label
+from localinfer.backends.llama.overrides import ExpertOverrides
 from localinfer.backends.llama.threads import attach_shared_pool
 from localinfer.backends.llama.vocab import GGUFVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
@@ -41,12 +42,17 @@ class LlamaCppSession(GGUFVocabulary):
         # The fit's placement (or --gpu-layers); llama.cpp's own default puts every layer on the GPU.
         mparams.n_gpu_layers = max(-1, min(options.gpu_layers, 2 ** 31 - 1))
         mparams.use_extra_bufts = uses_weight_buffers()
+        # The fit's (or --cpu-moe's) experts kept in host memory; read during the load, kept
+        # with the model all the same.
+        self._overrides = ExpertOverrides(options.cpu_moe) if options.cpu_moe > 0 else None
+        if self._overrides is not None:
+            mparams.tensor_buft_overrides = self._overrides.address
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             reason = log.last_error() or "llama.cpp could not load it"
             raise ModelLoadError(f"cannot load {path.name}: {reason}")
         self._init_vocabulary()
-        self.offload = model_offload(self._model, options.gpu_layers)
+        self.offload = model_offload(self._model, options.gpu_layers, max(options.cpu_moe, 0))
         trained = lib.llama_model_n_ctx_train(self._model)
         n_ctx = context_length(options.n_ctx, trained)
         self._ctx = self._new_context(options, n_ctx)

@@ -7,7 +7,7 @@ finds it on disk). Every decision about what fits is left to the pure functions 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from localinfer import settings
@@ -31,6 +31,7 @@ class Resolved:
     kv_type: str
     notes: tuple[str, ...]
     gpu_layers: int = -1      # layers on the GPU (LoadOptions.gpu_layers); -1: not placed, all
+    cpu_moe: int = 0          # layers whose experts stay in host memory (LoadOptions.cpu_moe)
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,22 @@ class Fitting:
     kv_type: str | None
     gpu_layers: int | None = None     # --gpu-layers; None: as many as the GPU holds
     min_ctx: int = rules.MIN_CTX      # the shortest context the request allows (its prompt)
+    cpu_moe: int | None = None        # --cpu-moe; None: as few as make the rest fit the GPU
 
     def place(self, facts: memory.ModelFacts) -> rules.Placement:
         return rules.place(facts, self.machine, self.budget, n_ctx=_ctx(facts, self.n_ctx),
-                         kv_type=self.kv_type, gpu_layers=self.gpu_layers, min_ctx=self.min_ctx)
+                           kv_type=self.kv_type, gpu_layers=self.gpu_layers, min_ctx=self.min_ctx,
+                           cpu_moe=self.cpu_moe)
+
+    def choose(self, candidates: list[rules.Candidate], n_ctx: int):
+        return rules.choose_variant(candidates, self.machine, self.budget, n_ctx=n_ctx,
+                                    kv_type=self.kv_type, gpu_layers=self.gpu_layers,
+                                    min_ctx=self.min_ctx, cpu_moe=self.cpu_moe)
+
+    def refusal(self, name: str, facts: memory.ModelFacts, smaller: str | None) -> str:
+        return rules.does_not_fit(name, facts, self.machine, self.budget, kv_type=self.kv_type,
+                                  smaller_quant=smaller, gpu_layers=self.gpu_layers,
+                                  cpu_moe=self.cpu_moe)
 
 
 def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
@@ -58,13 +71,14 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
     n_ctx = fit.ctx if n_ctx is None else n_ctx
     check_kv_type(fit.kv_type)
     fitting = Fitting(*_machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
-                      min_ctx)
+                      min_ctx, fit.cpu_moe)
     store = refs.model_store()
     ref = named.ref
     if named.chosen:
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
-            return Resolved(ref, n_ctx, fit.kv_type or "f16", (), _as_asked(fit.gpu_layers))
+            return Resolved(ref, n_ctx, fit.kv_type or "f16", (), _as_asked(fit.gpu_layers),
+                            fit.cpu_moe or 0)
         smaller = ("`localinfer quantize`" if ref.path else
                    f"`{ref.spec.display_name}` with --quant auto picks or makes one")
         return _fixed(ref, memory.facts_from_file(path), fitting, smaller)
@@ -85,12 +99,14 @@ def check_kv_type(kv_type: str | None) -> None:
 
 
 def first_pull(ref: refs.ModelRef, store, *, n_ctx: int = 0, kv_type: str | None = None,
-               memory_budget: str | None = None, gpu_layers: int | None = None) -> refs.ModelRef:
+               memory_budget: str | None = None, gpu_layers: int | None = None,
+               cpu_moe: int | None = None) -> refs.ModelRef:
     """The variant of a model with nothing on disk to pull first: for a Hub model the one that
     fits by its header read remotely (see `_first_from_hub`), else `ref` (its default)."""
     if ref.spec is None or not ref.spec.hub_repo:
         return ref
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers)
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers,
+                      cpu_moe=cpu_moe)
     return _first_from_hub(ref, store, fitting)
 
 
@@ -107,16 +123,13 @@ def _first_from_hub(ref: refs.ModelRef, store, fitting: Fitting) -> refs.ModelRe
     base = memory.facts_from_header(header, size)
     candidates = [rules.Candidate(q, _scaled(base, v.size), False)
                   for q, v in spec.variants.items() if v.size]
-    choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
-                                  n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type,
-                                  gpu_layers=fitting.gpu_layers, min_ctx=fitting.min_ctx)
+    choice = fitting.choose(candidates, _ctx(base, fitting.n_ctx))
     return refs.variant_ref(spec, choice[0].quant, store) if choice else ref
 
 
 def _scaled(base: memory.ModelFacts, size: int) -> memory.ModelFacts:
     """A variant's facts from another variant's: the same model, its weights `size` bytes."""
-    return replace(base, file_size=size,
-                   repackable_bytes=int(base.repackable_bytes * size / base.file_size))
+    return memory.with_quant_size(base, size, int(base.repackable_bytes * size / base.file_size))
 
 
 def _machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.Budget]:
@@ -133,11 +146,10 @@ def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,
            smaller: str) -> Resolved:
     placement = fitting.place(facts)
     if not placement.fits:
-        raise LocalinferError(rules.does_not_fit(
-            ref.display if ref.path is None else str(ref.path), facts, fitting.machine,
-            fitting.budget, kv_type=fitting.kv_type, smaller_quant=smaller,
-            gpu_layers=fitting.gpu_layers))
-    return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes, placement.gpu_layers)
+        raise LocalinferError(fitting.refusal(
+            ref.display if ref.path is None else str(ref.path), facts, smaller))
+    return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes, placement.gpu_layers,
+                    placement.cpu_moe)
 
 
 def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
@@ -148,9 +160,7 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
     for quant, variant in spec.variants.items():
         if quant not in on_disk and variant.size:   # pullable, with a known size to reason about
             candidates.append(rules.Candidate(quant, _scaled(base, variant.size), False))
-    choice = rules.choose_variant(candidates, fitting.machine, fitting.budget,
-                                n_ctx=_ctx(base, fitting.n_ctx), kv_type=fitting.kv_type,
-                                gpu_layers=fitting.gpu_layers, min_ctx=fitting.min_ctx)
+    choice = fitting.choose(candidates, _ctx(base, fitting.n_ctx))
     if choice is not None:
         quant, placement = choice[0].quant, choice[1]
     else:
@@ -162,7 +172,7 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
     if quant != spec.default_quant:
         notes = (f"using {spec.display_name}:{quant}, the most precise variant that fits", *notes)
     return Resolved(refs.variant_ref(spec, quant, store), placement.n_ctx, placement.kv_type,
-                    notes, placement.gpu_layers)
+                    notes, placement.gpu_layers, placement.cpu_moe)
 
 
 def _ctx(facts: memory.ModelFacts, n_ctx: int) -> int:
@@ -175,10 +185,11 @@ def _as_asked(gpu_layers: int | None) -> int:
 
 def place_file(path: Path, *, n_ctx: int, kv_type: str | None = None,
                gpu_layers: int | None = None, memory_budget: str | None = None,
-               min_ctx: int = rules.MIN_CTX) -> rules.Placement:
+               min_ctx: int = rules.MIN_CTX, cpu_moe: int | None = None) -> rules.Placement:
     """Where a model file's layers go on this machine, for commands that load it as named (and
     for a chat whose context grows)."""
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx)
+    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx,
+                      cpu_moe)
     return fitting.place(memory.facts_from_file(path))
 
 
@@ -209,9 +220,8 @@ def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
             return qtype, placement
         if planned.file_size < smallest.facts.file_size:
             smallest = rules.Candidate(qtype, planned, False)
-    raise LocalinferError(rules.does_not_fit(
-        f"{shown} (smallest: {smallest.quant})", smallest.facts, fitting.machine, fitting.budget,
-        kv_type=fitting.kv_type, smaller_quant=None, gpu_layers=fitting.gpu_layers))
+    raise LocalinferError(fitting.refusal(f"{shown} (smallest: {smallest.quant})",
+                                          smallest.facts, None))
 
 
 def _make(source: Path, name: str, qtype: str, *, quantize_bar: QuantizeBar, notify: Notify,

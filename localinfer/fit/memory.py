@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from localinfer.fit import moe
 from localinfer.gguf import split as gguf_split
 from localinfer.gguf.checks import checked_header
 from localinfer.gguf.header import ArrayInfo, Header
@@ -65,6 +66,8 @@ class ModelFacts:
     sliding_window: int
     repackable_bytes: int              # bytes of tensors the CPU backend may repack
     context_length: int
+    # Per layer: bytes of its mixture-of-experts tensors (fit.moe); empty or zeros for dense models.
+    expert_bytes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ def facts_from_header(header: Header, file_size: int) -> ModelFacts:
         n_vocab=_vocab_size(meta), kv_dims=kv_dims,
         swa_layers=_swa_layers(arch, n_layer, window, key("attention.sliding_window_pattern")),
         sliding_window=window, repackable_bytes=_repackable(header),
-        context_length=int(key("context_length", 0) or 0))
+        context_length=int(key("context_length", 0) or 0),
+        expert_bytes=moe.expert_bytes(header.tensors, n_layer))
 
 
 def _per_layer(value, n_layer: int) -> list[int]:
@@ -151,7 +155,8 @@ def _swa_layers(arch: str, n_layer: int, window: int, pattern) -> tuple[bool, ..
     if isinstance(pattern, list):
         return tuple(bool(p) for p in pattern)
     # Gemma 2 alternates; Gemma 3 has one global layer after every five local ones.
-    period = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4}.get(arch, int(pattern or 0))
+    period = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2}.get(
+        arch, int(pattern or 0))
     if not period:
         return (True,) * n_layer
     return tuple((il + 1) % period != 0 for il in range(n_layer))
@@ -198,8 +203,11 @@ def _activations(facts: ModelFacts, request: Request) -> int:
 
 
 def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) -> ModelFacts:
-    """The same model at another quantization (sizes from a quantization plan)."""
-    return replace(facts, file_size=file_size, repackable_bytes=repackable_bytes)
+    """The same model at another quantization (sizes from a quantization plan); its experts take
+    the same share of the file as before."""
+    share = file_size / facts.file_size if facts.file_size else 0
+    return replace(facts, file_size=file_size, repackable_bytes=repackable_bytes,
+                   expert_bytes=tuple(int(b * share) for b in facts.expert_bytes))
 
 
 def cpu_repacks() -> bool:

@@ -28,6 +28,7 @@ class FitOptions:
     kv_type: str | None = None      # --kv-type: None = f16, q8_0 when that is what fits
     memory: str | None = None       # --memory: the budget as written ("6GB"); None = detected
     gpu_layers: int | None = None   # --gpu-layers: None = as many as the GPU's memory holds
+    cpu_moe: int | None = None      # --cpu-moe: layers whose experts stay in RAM; None = fit.moe
     offline: bool = False           # --offline: never download
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from localinfer.fit import memory
+from localinfer.fit import memory, moe
 from localinfer.units import human_size
 
 GB = 1000 ** 3
@@ -66,22 +66,27 @@ class Placement:
     notes: tuple[str, ...] = ()   # changes made to fit, for stderr
     on_gpu: int = 0               # bytes on a discrete GPU (weights, KV cells, compute buffer)
     layers: int = 0               # every layer llama.cpp places: n_layer + 1 (the output layer)
+    cpu_moe: int = 0              # layers whose expert tensors stay in host memory (fit.moe)
 
 
 def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx: int,
           kv_type: str | None = None, logits_rows: int = memory.RUN_LOGITS_ROWS,
-          gpu_layers: int | None = None, min_ctx: int = MIN_CTX) -> Placement:
+          gpu_layers: int | None = None, min_ctx: int = MIN_CTX,
+          cpu_moe: int | None = None) -> Placement:
     """Fit one model: the requested context and KV type, else q8_0 KV, else a shorter context,
     never shorter than `min_ctx` (what the prompt needs, when it is known).
 
     `gpu_layers` (--gpu-layers) fixes how many layers go to the GPU; None: as many as it holds.
+    `cpu_moe` (--cpu-moe) fixes how many layers keep their experts in host memory; None: as few
+    as make the rest fit the GPU (fit.moe).
     """
+    moe.check_asked(facts.expert_bytes, cpu_moe, facts.architecture)
     kv_choices = (kv_type,) if kv_type else KV_FALLBACKS
     ctx = n_ctx
     while True:
         for kv in kv_choices:
             request = memory.Request(ctx, kv_type=kv, logits_rows=logits_rows, repack=machine.repacks)
-            placement = _split(facts, request, machine, budget_, gpu_layers)
+            placement = _split(facts, request, machine, budget_, gpu_layers, cpu_moe)
             if placement.fits:
                 return replace(placement, notes=_notes(n_ctx, ctx, kv_type, kv))
         if ctx <= min_ctx or ctx // 2 < MIN_CTX:
@@ -90,19 +95,27 @@ def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx:
 
 
 def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, budget_: Budget,
-           gpu_layers: int | None) -> Placement:
+           gpu_layers: int | None, cpu_moe: int | None = None) -> Placement:
     """Where the layers go. A GPU that shares the RAM takes them all: one pool holds the model. A
     discrete GPU takes as many as its free memory holds (all when they fit, as llama.cpp would),
-    the rest stay in RAM. Without a GPU the engine can use, everything is on the CPU."""
+    the rest stay in RAM; a mixture of experts keeps experts in RAM first (`_experts_split`).
+    Without a GPU the engine can use, everything is on the CPU."""
     est = memory.estimate(facts, request)
     ctx, kv, total = request.n_ctx, request.kv_type, facts.n_layer + 1
     unified = machine.metal_working_set is not None
+    # Asked for, the override is passed on wherever the experts are (on a CPU it changes nothing).
+    asked = moe.asked_split(facts.expert_bytes, cpu_moe).cpu_moe if cpu_moe else 0
     if not unified and (budget_.vram <= 0 or facts.n_layer == 0):
-        return Placement(est.required <= budget_.ram, ctx, kv, 0, est.required, layers=total)
+        return Placement(est.required <= budget_.ram, ctx, kv, 0, est.required, layers=total,
+                         cpu_moe=asked)
     # An offloaded layer takes its weights and KV cells to the GPU (and is not repacked on the
     # CPU); the layer-count rule is llama.cpp's, the output layer being the last of n_layer + 1.
     per_layer = (facts.file_size + est.kv_cache) / total
     compute = gpu_compute(facts, request)
+    if not unified and (cpu_moe is not None or gpu_layers is None):
+        experts = _experts_split(facts, request, est, compute, budget_, gpu_layers, cpu_moe)
+        if experts is not None:
+            return experts
     if gpu_layers is not None:
         layers = min(gpu_layers, total)
     elif unified:
@@ -111,7 +124,30 @@ def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, 
         layers = max(0, min(total, int((budget_.vram - compute) // per_layer)))
     on_gpu = int(layers * per_layer) + (compute if layers else 0)
     on_cpu = est.required if unified else est.required - int(layers * per_layer)
-    return Placement(on_cpu <= budget_.ram, ctx, kv, layers, on_cpu, on_gpu=on_gpu, layers=total)
+    return Placement(on_cpu <= budget_.ram, ctx, kv, layers, on_cpu, on_gpu=on_gpu, layers=total,
+                     cpu_moe=asked)
+
+
+def _experts_split(facts: memory.ModelFacts, request: memory.Request, est: memory.Estimate,
+                   compute: int, budget_: Budget, gpu_layers: int | None,
+                   cpu_moe: int | None) -> Placement | None:
+    """Every layer on the GPU but the experts of the first ones, kept in RAM: as few as make the
+    rest fit the GPU (or --cpu-moe's count). None when the model has no experts, or when even
+    its attention and shared weights do not fit the GPU: whole layers stay on the CPU then."""
+    on_gpu_all = facts.file_size + est.kv_cache
+    if cpu_moe is not None:
+        split = moe.asked_split(facts.expert_bytes, cpu_moe)
+    else:
+        split = moe.experts_to_host(facts.expert_bytes, on_gpu_all + compute, budget_.vram)
+    if split is None or (split.cpu_moe == 0 and cpu_moe is None):
+        return None        # no experts, or all fits: the layer rule below says the same
+    total = facts.n_layer + 1
+    layers = total if gpu_layers is None else min(gpu_layers, total)
+    # Weights and KV cells of the layers on the GPU, less the experts kept in RAM.
+    on_gpu = max(0, int(on_gpu_all * layers / total) - split.moved) + (compute if layers else 0)
+    on_cpu = est.required - int(on_gpu_all * layers / total) + split.moved
+    return Placement(on_cpu <= budget_.ram, request.n_ctx, request.kv_type, layers, on_cpu,
+                     on_gpu=on_gpu, layers=total, cpu_moe=split.cpu_moe)
 
 
 def gpu_compute(facts: memory.ModelFacts, request: memory.Request) -> int:
@@ -139,14 +175,15 @@ class Candidate:
 
 def choose_variant(candidates: list[Candidate], machine: Machine, budget_: Budget, *, n_ctx: int,
                    kv_type: str | None = None, gpu_layers: int | None = None,
-                   min_ctx: int = MIN_CTX) -> tuple[Candidate, Placement] | None:
+                   min_ctx: int = MIN_CTX,
+                   cpu_moe: int | None = None) -> tuple[Candidate, Placement] | None:
     """The most precise variant that fits (on-disk ones win a tie in precision); None if none does."""
     from localinfer.quant.quantize import PRECISION_ORDER
     rank = {q: i for i, q in enumerate(PRECISION_ORDER)}
     ordered = sorted(candidates, key=lambda c: (rank.get(c.quant, 99), not c.on_disk))
     for candidate in ordered:
         placement = place(candidate.facts, machine, budget_, n_ctx=n_ctx, kv_type=kv_type,
-                          gpu_layers=gpu_layers, min_ctx=min_ctx)
+                          gpu_layers=gpu_layers, min_ctx=min_ctx, cpu_moe=cpu_moe)
         if placement.fits:
             return candidate, placement
     return None
@@ -154,7 +191,7 @@ def choose_variant(candidates: list[Candidate], machine: Machine, budget_: Budge
 
 def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_: Budget, *,
                  kv_type: str | None, smaller_quant: str | None,
-                 gpu_layers: int | None = None) -> str:
+                 gpu_layers: int | None = None, cpu_moe: int | None = None) -> str:
     """The one line a user reads when nothing fits: needed, available, and what would make it fit.
 
     `facts` is the smallest variant that was tried. The need is the least `place` can ask for (the
@@ -163,16 +200,19 @@ def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_:
     variant, where one might exist. With a discrete GPU the need is what stays in RAM once the
     GPU holds what it can.
     """
-    least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type, gpu_layers=gpu_layers)
+    least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type, gpu_layers=gpu_layers,
+                  cpu_moe=cpu_moe)
     hints = []
     if kv_type != "q4_0" and place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type="q4_0",
-                                   gpu_layers=gpu_layers).fits:
+                                   gpu_layers=gpu_layers, cpu_moe=cpu_moe).fits:
         hints.append(f"--kv-type q4_0 --ctx {MIN_CTX}")
     if smaller_quant:
         hints.append(f"a smaller quant ({smaller_quant})")
     hints.append(f"a budget of {_size_arg(least.needed)} or more (--memory)")
     split = f" in RAM with {least.gpu_layers} of {least.layers} layers on the GPU" \
         if least.on_gpu and machine.metal_working_set is None else ""
+    if split and least.cpu_moe:
+        split += f" ({moe.describe(least.cpu_moe, facts.n_layer)})"
     return (f"{name} needs at least {human_size(least.needed)}{split} (context {MIN_CTX}, "
             f"{least.kv_type} KV cache) but {human_size(budget_.ram)} is available "
             f"({budget_.source}); "

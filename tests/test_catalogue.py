@@ -120,3 +120,72 @@ def test_drop_aliases_must_be_a_list_of_strings(tmp_path):
     user.write_text('[models.smollm2-135m-instruct]\ndrop_aliases = "smollm2"\n')
     with pytest.raises(LocalinferError, match="drop_aliases must be a list of strings"):
         catalogue.load(user)
+
+
+# -- the catalogue of today (issue 27 §2) --------------------------------------------------------
+TODAY = {  # name: (architecture, thinking, thinking switch)
+    "qwen3-0.6b": ("qwen3", "tags", "enable_thinking"),
+    "qwen3-1.7b": ("qwen3", "tags", "enable_thinking"),
+    "qwen3-4b": ("qwen3", "tags", "enable_thinking"),
+    "qwen3-8b": ("qwen3", "tags", "enable_thinking"),
+    "qwen3-30b-a3b": ("qwen3moe", "tags", "enable_thinking"),
+    "gpt-oss-20b": ("gpt-oss", "harmony", "reasoning_effort"),
+    "smollm3-3b": ("smollm3", "tags", "/no_think"),
+    "deepseek-r1-distill-qwen-1.5b": ("qwen2", "tags", ""),
+    "deepseek-r1-distill-qwen-7b": ("qwen2", "tags", ""),
+    "phi-4-mini-reasoning": ("phi3", "tags", ""),
+    "gemma-3n-e2b-it": ("gemma3n", "", ""),
+    "gemma-3n-e4b-it": ("gemma3n", "", ""),
+}
+# Models whose vocabularies are one: a draft must come from the same group as its target.
+VOCABULARIES = [{"qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct"},
+                {"gemma-3-270m", "gemma-3-270m-it", "gemma-3-1b-it", "gemma-3-4b-it"},
+                {"llama-3.2-1b-instruct", "llama-3.2-3b-instruct"},
+                {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-30b-a3b"},
+                {"deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b"},
+                {"gemma-3n-e2b-it", "gemma-3n-e4b-it"}]
+
+
+@pytest.mark.parametrize("name", sorted(TODAY))
+def test_the_families_of_today(cat, name):
+    spec = cat.models[name]
+    assert (spec.architecture, spec.thinking, spec.thinking_switch) == TODAY[name]
+    assert spec.context_length > 0 and spec.license and spec.parameters and spec.description
+    assert spec.default_quant in spec.variants
+    for variant in spec.variants.values():
+        assert variant.sources, f"{name}:{variant.quant} has no source"
+        assert all(isinstance(s, HubSource) and s.file.endswith(".gguf") for s in variant.sources)
+
+
+def test_aliases_of_today(cat):
+    for alias, name in [("qwen3", "qwen3-8b"), ("gpt-oss", "gpt-oss-20b"),
+                        ("smollm3", "smollm3-3b"), ("deepseek-r1-1.5b", "deepseek-r1-distill-qwen-1.5b"),
+                        ("deepseek-r1", "deepseek-r1-distill-qwen-7b"),
+                        ("phi4-mini-reasoning", "phi-4-mini-reasoning"), ("gemma3n", "gemma-3n-e2b-it"),
+                        ("qwen3-moe", "qwen3-30b-a3b")]:
+        assert cat.resolve(alias)[0].name == name
+    assert cat.resolve("gpt-oss")[1] == "MXFP4"
+
+
+def test_every_entry_has_a_source_and_drafts_share_a_vocabulary(cat):
+    for spec in cat.models.values():
+        assert spec.variants and all(v.sources for v in spec.variants.values()), spec.name
+        if spec.draft:
+            assert spec.draft in cat.models and spec.draft != spec.name
+            assert any({spec.name, spec.draft} <= group for group in VOCABULARIES), \
+                f"{spec.name} drafted by {spec.draft}: vocabularies not known to match"
+    assert cat.models["qwen3-8b"].draft == "qwen3-0.6b"
+    assert cat.models["deepseek-r1-distill-qwen-7b"].draft == "deepseek-r1-distill-qwen-1.5b"
+
+
+def test_thinking_keys_are_optional_and_checked(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text('[models.x]\nfamily = "X"\nthinking = "tags"\nthinking_switch = "/no_think"\n'
+                    '[models.x.quants.Q4_K_M]\nsources = [{ hub = "a/b", file = "x.gguf" }]\n')
+    spec = catalogue.load(user).models["x"]
+    assert (spec.thinking, spec.thinking_switch) == ("tags", "/no_think")
+    assert catalogue.load(user).models["smollm2-135m-instruct"].thinking == ""
+    user.write_text('[models.x]\nthinking = "yes"\n'
+                    '[models.x.quants.Q4_K_M]\nsources = [{ hub = "a/b", file = "x.gguf" }]\n')
+    with pytest.raises(LocalinferError, match="thinking must be"):
+        catalogue.load(user)

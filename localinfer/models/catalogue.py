@@ -83,6 +83,8 @@ class ModelSpec:
     description: str
     variants: dict[str, Variant]
     hub_repo: str = ""              # OWNER/REPO for a model listed from the Hub (models.hub)
+    thinking: str = ""              # "", "tags" or "harmony" (models.toml's head)
+    thinking_switch: str = ""       # "", "enable_thinking", "/no_think" or "reasoning_effort"
 
     @property
     def display_name(self) -> str:
@@ -218,6 +220,8 @@ def _parse_model(name: str, t: dict, facts_from: dict[str, str]) -> ModelSpec:
         draft=t.get("draft", ""),
         description=t.get("description", ""),
         variants=variants,
+        thinking=t.get("thinking", ""),
+        thinking_switch=t.get("thinking_switch", ""),
     )
 
 

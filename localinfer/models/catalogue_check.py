@@ -52,6 +52,11 @@ def _requirement(v: object) -> bool:
         is not None
 
 
+# The optional reasoning keys (see the head of models.toml): how a model shows its thinking, and
+# what its chat template reads to turn the thinking off or set its depth.
+THINKING = ("", "tags", "harmony")
+THINKING_SWITCHES = ("", "enable_thinking", "/no_think", "reasoning_effort")
+
 # key: (check, what the key must be)
 MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "aliases": (_str_list, "a list of strings"),
@@ -66,6 +71,9 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "default_quant": (is_safe_name, f"a quant tag ({SAFE_NAME_RULE})"),
     "draft": (_is_str, "a string"),
     "description": (_is_str, "a string"),
+    "thinking": (lambda v: v in THINKING, " or ".join(f'"{t}"' for t in THINKING)),
+    "thinking_switch": (lambda v: v in THINKING_SWITCHES,
+                        " or ".join(f'"{t}"' for t in THINKING_SWITCHES)),
     "quants": (lambda v: isinstance(v, dict), "a table of quant tables"),
 }
 VARIANT_KEYS: dict[str, tuple[Check, str]] = {

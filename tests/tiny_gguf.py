@@ -31,6 +31,9 @@ class Shape:
 
 
 ARCHITECTURES = ("qwen3", "qwen3moe", "gpt-oss")
+# About 40 MB each: big enough that the memory estimate's terms show in a process's peak RSS.
+SHAPES = {"qwen3": Shape(layers=8, n_ff=3072), "qwen3moe": Shape(layers=6),
+          "gpt-oss": Shape(layers=6)}
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MERGES = ("Ġ t", "h e", "Ġt he", "i n", "e r", "a n", "o n", "Ġ a")
 
@@ -55,10 +58,11 @@ def vocabulary() -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def write_tiny(path: Path, arch: str, shape: Shape = Shape(), *, seed: int = 0) -> Path:
-    """A `arch` model with random weights at `path`."""
+def write_tiny(path: Path, arch: str, shape: Shape | None = None, *, seed: int = 0) -> Path:
+    """A `arch` model with random weights at `path` (of SHAPES[arch] unless `shape`)."""
     if arch not in ARCHITECTURES:
         raise ValueError(arch)
+    shape = shape or SHAPES[arch]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     _hparams(w, arch, shape)

@@ -13,7 +13,8 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, OUTPUT, backend_option, ctx_option, engine_log, fit_options,
+from localinfer.cli.options import (CONTEXT, OUTPUT, backend_option, cpu_moe_option, ctx_option,
+                                    engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
                                     min_p_option, model_argument, offline_option, quant_option,
@@ -64,6 +65,7 @@ def map_lines(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
     """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order.
@@ -84,7 +86,8 @@ def map_lines(
     feed.peek()                 # a first line that is not text is refused before the model loads
     from localinfer.pipeline import load
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                              gpu_layers=gpu_layers, offline=offline), reporter()
+                              gpu_layers=gpu_layers, offline=offline,
+                              cpu_moe=cpu_moe), reporter()
     _, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
                                threads=threads, engine_log=engine_log(verbose), backend=backend)
     try:

@@ -197,7 +197,7 @@ def _fitted_tokens(chat: _Chat, limits: Limits) -> list[int]:
 
 
 def growing(*, ctx: int, kv_type: str | None, memory_budget: str | None,
-            gpu_layers: int | None, options) -> Grow | None:
+            gpu_layers: int | None, options, cpu_moe: int | None = None) -> Grow | None:
     """How a chat's context grows: by loading the model again with a larger one that fits the
     budget (fit.request.grown); None when --ctx fixed it."""
     if ctx:
@@ -209,13 +209,13 @@ def growing(*, ctx: int, kv_type: str | None, memory_budget: str | None,
         from localinfer.engine.load import load_model
         from localinfer.fit.request import grown
         placement = grown(loaded.path, n_ctx=loaded.session.n_ctx, need=need, kv_type=kv_type,
-                          memory_budget=memory_budget, gpu_layers=gpu_layers)
+                          memory_budget=memory_budget, gpu_layers=gpu_layers, cpu_moe=cpu_moe)
         if placement is None:
             return None
         loaded.session.close()
         return load_model(loaded.ref, loaded.path, backend=loaded.backend, options=replace(
             options, n_ctx=placement.n_ctx, kv_type=placement.kv_type,
-            gpu_layers=placement.gpu_layers))
+            gpu_layers=placement.gpu_layers, cpu_moe=placement.cpu_moe))
     return grow
 
 

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, backend_option, check_backend, ctx_option,
+from localinfer.cli.options import (CONTEXT, backend_option, check_backend, cpu_moe_option,
+                                    ctx_option,
                                     draft_max_option, draft_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_option,
                                     json_schema_option, kv_type_option, max_tokens_option,
@@ -67,6 +68,7 @@ def run(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
     """Generate a completion and stream it to stdout.
@@ -87,7 +89,7 @@ def run(
     check_backend(backend)
     output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
     fit = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                      gpu_layers=gpu_layers, offline=offline)
+                      gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     if prompt is None and console.interactive(sys.stdin):    # `run MODEL` on a terminal: chat
@@ -142,6 +144,7 @@ def chat(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
     """Multi-turn chat in the terminal (/help lists its commands).
@@ -161,7 +164,8 @@ def chat(
     output = from_options(json_schema, grammar)
     from localinfer.pipeline import load
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                              gpu_layers=gpu_layers, offline=offline), reporter()
+                              gpu_layers=gpu_layers, offline=offline,
+                              cpu_moe=cpu_moe), reporter()
     fitted = load.fit_model(load.name(model, fit, report), fit, report, threads=threads,
                             engine_log=engine_log(verbose))
     options = fitted.options
@@ -170,7 +174,7 @@ def chat(
                    verbose=verbose > 0, use_cache=not no_cache, output=output, raw=raw,
                    grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                           gpu_layers=parse_gpu_layers(gpu_layers),
-                                          options=options))
+                                          cpu_moe=fit.cpu_moe, options=options))
 
 
 def _check_max_tokens(max_tokens: int) -> None:

@@ -27,8 +27,21 @@ def offload_line(loaded: LoadedModel) -> str | None:
         return None
     where = f" ({', '.join(offload.devices)})" if offload.devices else \
         " (this llama.cpp build has no GPU backend)" if offload.no_gpu else ""
+    # Experts kept in RAM are news only beside layers on a GPU: on a CPU everything is there.
+    experts = (f"; experts of {offload.cpu_moe} of {offload.layers - 1} layers in RAM "
+               f"(--cpu-moe)" if offload.cpu_moe and offload.gpu_layers else "")
     return (f"layers: {offload.gpu_layers} of {offload.layers} on the GPU{where}, "
-            f"{offload.layers - offload.gpu_layers} on the CPU")
+            f"{offload.layers - offload.gpu_layers} on the CPU{experts}")
+
+
+def placement_text(placement, n_layer: int) -> str:
+    """Where `run` would put a model here (fit.rules.Placement), for `info`."""
+    text = (f"{placement.gpu_layers} of {placement.layers} layers on the GPU"
+            if placement.gpu_layers else f"all {placement.layers} layers on the CPU")
+    if placement.cpu_moe and placement.gpu_layers:
+        text += f", experts of {placement.cpu_moe} of {n_layer} layers in RAM"
+    fits = "" if placement.fits else "; does not fit the memory budget"
+    return f"{text} (context {placement.n_ctx}, {placement.kv_type} KV cache){fits}"
 
 
 def say_offload(loaded: LoadedModel) -> None:

@@ -37,7 +37,20 @@ def describe(ref: ModelRef, store: Store) -> dict:
     facts.update(on_disk=True, path=str(path))
     facts.update(_from_header(path))
     facts["memory"] = memory_table(path)
+    facts["placement"] = placement_here(path)
     return facts
+
+
+def placement_here(path) -> str | None:
+    """Where `run` would put the model's layers (and a mixture's experts) on this machine."""
+    from localinfer.cli.gpu import placement_text
+    from localinfer.errors import LocalinferError
+    from localinfer.fit import auto, memory
+    try:
+        return placement_text(auto.place_file(path, n_ctx=0),
+                              memory.facts_from_file(path).n_layer)
+    except LocalinferError:
+        return None
 
 
 MEMORY_CONTEXTS = (512, 2048, 4096, 8192)
@@ -79,12 +92,23 @@ def _from_header(path) -> dict:
         "embedding_length": arch_key("embedding_length"),
         "context_length": arch_key("context_length"),
         "sliding_window": arch_key("attention.sliding_window"),
+        **_experts(header, arch_key("block_count") or 0, arch_key),
         "vocab_size": tokens.length if isinstance(tokens, ArrayInfo) else len(tokens or []),
         "tensor_types": {name: {"tensors": type_count[name], "bytes": size}
                          for name, size in type_bytes.most_common()},
         "chat_template": "tokenizer.chat_template" in meta,
         "gguf_version": header.version,
     }
+
+
+def _experts(header, n_layer: int, arch_key) -> dict:
+    """A mixture of experts' counts and the bytes of its expert tensors (fit.moe places them)."""
+    from localinfer.fit.moe import expert_bytes
+    n_expert = arch_key("expert_count")
+    if not n_expert:
+        return {}
+    return {"experts": n_expert, "experts_used": arch_key("expert_used_count"),
+            "expert_tensor_bytes": sum(expert_bytes(header.tensors, int(n_layer)))}
 
 
 def show(facts: dict, *, as_json: bool) -> None:
@@ -101,7 +125,7 @@ def show(facts: dict, *, as_json: bool) -> None:
         if key == "tensor_types":
             total = sum(v["bytes"] for v in value.values()) or 1
             value = ", ".join(f"{k} {v['bytes'] / total:.0%} ({v['tensors']})" for k, v in value.items())
-        elif key == "file_size":
+        elif key in ("file_size", "expert_tensor_bytes"):
             value = human_size(value)
         elif key == "sizes":
             value = ", ".join(f"{q} {human_size(n)}" for q, n in value.items())

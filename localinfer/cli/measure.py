@@ -12,7 +12,8 @@ import typer
 
 from localinfer.backends import LoadOptions
 from localinfer.cli import console
-from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, ctx_option, draft_option,
+from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, cpu_moe_option, ctx_option,
+                                    draft_option, parse_cpu_moe,
                                     gpu_layers_option, json_option, model_argument,
                                     offline_option, parse_gpu_layers, reporter,
                                     threads_option)
@@ -48,6 +49,7 @@ def bench(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
     """Measure prefill and decode speed and time to first token.
@@ -65,7 +67,8 @@ def bench(
                           long_prompt=draft == "none" and n_prompt >= LONG_PROMPT_TOKENS)
     from localinfer.pipeline.load import open_model
     loaded = open_model(model, options, backend=backend, offline=offline, report=reporter(),
-                        place=True, gpu_layers=parse_gpu_layers(gpu_layers))
+                        place=True, gpu_layers=parse_gpu_layers(gpu_layers),
+                        cpu_moe=parse_cpu_moe(cpu_moe))
     if draft != "none":
         _bench_speculation(loaded, draft, n_gen=n_gen, repetitions=repetitions, options=options,
                            offline=offline, as_json=as_json)

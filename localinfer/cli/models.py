@@ -183,6 +183,8 @@ def _show_devices(facts: dict, *, as_json: bool) -> None:
         rows.append([f"backend {name}", f"{entry.get('version', '')}, {gpu}"])
     rows += _onnx_device_rows(facts["backends"].get("onnx", {}))
     rows += device_rows(facts.get("devices", []))
+    if facts.get("placement"):
+        rows.append(["placement", facts["placement"]])
     use = facts["run_would_use"]
     rows.append(["run would use", f"{use['backend']}: {use['reason']}"])
     console.print_table(["DEVICE", "VALUE"], rows)

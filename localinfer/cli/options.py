@@ -173,6 +173,27 @@ def gpu_layers_option():
                         "(more than the model has = all), or 0 (CPU only).")
 
 
+def cpu_moe_option():
+    return typer.Option("auto", "--cpu-moe", callback=check_cpu_moe, metavar="N",
+                        rich_help_panel=BACKEND, help="Mixture-of-experts models on a GPU: keep "
+                        "the experts of the first N layers in RAM, everything else on the GPU "
+                        "(auto: as few as make the rest fit its free memory; 0: none).")
+
+
+def check_cpu_moe(value: str) -> str:
+    parse_cpu_moe(value)
+    return value
+
+
+def parse_cpu_moe(value: str) -> int | None:
+    """--cpu-moe as a number of layers (None for auto); anything else is refused here."""
+    from localinfer.fit.moe import cpu_moe_count
+    try:
+        return cpu_moe_count(value)
+    except UsageError as e:
+        raise typer.BadParameter(str(e).removeprefix("--cpu-moe ")) from None
+
+
 def check_gpu_layers(value: str) -> str:
     parse_gpu_layers(value)
     return value
@@ -225,7 +246,9 @@ def reporter() -> Reporter:
 
 def fit_options(*, quant: str = "auto", ctx: int = 0, kv_type: str | None = None,
                 memory: str | None = None, gpu_layers: str = "auto",
-                offline: bool = False) -> FitOptions:
-    """The fit's options from the command line's (--gpu-layers as written)."""
+                offline: bool = False, cpu_moe: str = "auto") -> FitOptions:
+    """The fit's options from the command line's (--gpu-layers and --cpu-moe as written)."""
+    from localinfer.fit.moe import cpu_moe_count
     return FitOptions(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory,
-                      gpu_layers=gpu_layers_count(gpu_layers), offline=offline)
+                      gpu_layers=gpu_layers_count(gpu_layers), offline=offline,
+                      cpu_moe=cpu_moe_count(cpu_moe))

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import (CONTEXT, SERVER, backend_option, ctx_option, engine_log, fit_options,
+from localinfer.cli.options import (CONTEXT, SERVER, backend_option, cpu_moe_option, ctx_option,
+                                    engine_log, fit_options,
                                     gpu_layers_option, kv_type_option, memory_option,
                                     min_p_option, offline_option, quant_option,
                                     repeat_penalty_option, reporter, seed_option, system_option,
@@ -76,6 +77,7 @@ def serve(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
     verbose: int = verbose_option("-v: one line per request on stderr (method, path, status, "
                                   "model, tokens, seconds); -vv: the engine's log too."),
@@ -103,7 +105,7 @@ def serve(
                cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, params=params, system=system, verbose=verbose,
                fit=fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                               gpu_layers=gpu_layers, offline=offline),
+                               gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe),
                load=dict(threads=threads, engine_log=engine_log(verbose), backend=backend),
                use_cache=not no_cache)
     finally:

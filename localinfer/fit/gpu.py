@@ -53,6 +53,18 @@ def memory_of(devices: list[Device], *, apple_silicon: bool) -> tuple[int, int |
     return sum(d.memory_free for d in targets), None
 
 
+def placement_rule(devices: list[Device], *, apple_silicon: bool) -> str:
+    """How `run` places a model on these devices, in a line (`devices` says it)."""
+    targets = offload_targets(devices)
+    if not targets:
+        return "every layer on the CPU"
+    names = ", ".join(d.name for d in targets)
+    if apple_silicon or targets[0].kind == "igpu":
+        return f"every layer on {names} (memory shared with the CPU)"
+    return (f"layers on {names} as its free memory holds, the rest on the CPU; a mixture of "
+            f"experts keeps the experts of its first layers in RAM instead (--cpu-moe N)")
+
+
 def present(root: Path = Path("/"), *, apple_silicon: bool = False) -> list[Hardware]:
     """GPUs whose drivers this machine has loaded, whatever the engine was built for."""
     found = []

@@ -54,6 +54,7 @@ def _gpu_facts() -> dict:
     from localinfer.fit import gpu
     found = llama_devices.devices()
     return {"devices": [d.as_dict() for d in found],
+            "placement": gpu.placement_rule(found, apple_silicon=machine.is_apple_silicon()),
             "gpu_hardware": [h.what for h in
                              gpu.present(apple_silicon=machine.is_apple_silicon())],
             "gpu_hint": gpu.this_rebuild_hint(found)}

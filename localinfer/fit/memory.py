@@ -130,7 +130,7 @@ def facts_from_header(header: Header, file_size: int) -> ModelFacts:
     window = int(key("attention.sliding_window", 0) or 0)
     return ModelFacts(
         architecture=arch, file_size=file_size, n_layer=n_layer, n_embd=n_embd,
-        n_ff=max(_per_layer(key("feed_forward_length", 4 * n_embd), n_layer), default=0),
+        n_ff=max(_per_layer(key("feed_forward_length", 4 * n_embd), n_layer) + [_moe_ff(key)]),
         n_vocab=_vocab_size(meta), kv_dims=kv_dims,
         swa_layers=_swa_layers(arch, n_layer, window, key("attention.sliding_window_pattern")),
         sliding_window=window, repackable_bytes=_repackable(header),
@@ -142,6 +142,14 @@ def _per_layer(value, n_layer: int) -> list[int]:
     if isinstance(value, list):
         return [int(v) for v in value]
     return [int(value)] * n_layer
+
+
+def _moe_ff(key) -> int:
+    # A mixture of experts computes the FFN of each token in every expert it routes to: a
+    # micro-batch's widest rows are expert_used_count expert FFNs (llama.cpp's MoE graph).
+    used = key("expert_used_count", 0)
+    used = max(used, default=0) if isinstance(used, list) else int(used or 0)
+    return used * int(key("expert_feed_forward_length", 0) or 0)
 
 
 def _vocab_size(meta: dict) -> int:

@@ -136,7 +136,8 @@ def holds(sized: Sized, n_prompt: int, *, ctx: int, reply: int) -> bool:
 
 
 def grown(path: Path, *, n_ctx: int, need: int, kv_type: str | None,
-          memory_budget: str | None, gpu_layers: int | None) -> rules.Placement | None:
+          memory_budget: str | None, gpu_layers: int | None,
+          cpu_moe: int | None = None) -> rules.Placement | None:
     """A larger context for a conversation that needs `need` tokens (its reply's room included),
     on the model file `path`: at least double the current `n_ctx`, so that a growing chat reloads
     seldom, up to the trained context, within the budget; None when it cannot grow."""
@@ -145,7 +146,7 @@ def grown(path: Path, *, n_ctx: int, need: int, kv_type: str | None,
     if target <= n_ctx:
         return None
     placement = auto.place_file(path, n_ctx=target, kv_type=kv_type, gpu_layers=gpu_layers,
-                                memory_budget=memory_budget,
+                                memory_budget=memory_budget, cpu_moe=cpu_moe,
                                 min_ctx=min(target, n_ctx + memory.KV_PAD))
     return placement if placement.fits and placement.n_ctx > n_ctx else None
 
@@ -162,7 +163,7 @@ def _most_context(resolved: auto.Resolved, below: int, fit: FitOptions) -> int:
         mid = (lo + hi + 1) // 2
         placed = auto.place_file(path, n_ctx=mid * memory.KV_PAD, min_ctx=mid * memory.KV_PAD,
                                  kv_type=fit.kv_type, gpu_layers=fit.gpu_layers,
-                                 memory_budget=fit.memory)
+                                 memory_budget=fit.memory, cpu_moe=fit.cpu_moe)
         lo, hi = (mid, hi) if placed.fits else (lo, mid - 1)
     return max(resolved.n_ctx, lo * memory.KV_PAD)
 
@@ -210,7 +211,7 @@ def _vocabulary_file(named: refs.Named, fit: FitOptions, report: Reporter) -> tu
         if not fit.offline and not named.chosen:   # a Hub model: the quant that fits, judged
             # by a header read remotely
             ref = auto.first_pull(ref, store, kv_type=fit.kv_type, memory_budget=fit.memory,
-                                  gpu_layers=fit.gpu_layers)
+                                  gpu_layers=fit.gpu_layers, cpu_moe=fit.cpu_moe)
         found = refs.locate(ref, store, offline=fit.offline, progress=report.progress,
                             notify=report.notify, download_bar=report.download_bar)
     return found, ref.spec.display_name

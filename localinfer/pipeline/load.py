@@ -58,34 +58,36 @@ def fit_model(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(),
         report.notify(note)
     options = LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=engine_log,
                           kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers,
+                          cpu_moe=chosen.cpu_moe,
                           long_prompt=sized is not None and is_long(sized.prompt))
     return Fitted(chosen.ref, options, sized)
 
 
 def open_ref(ref: refs.ModelRef, options: LoadOptions, *, backend: str, offline: bool,
              report: Reporter = Reporter(), place: bool = False,
-             gpu_layers: int | None = None) -> LoadedModel:
+             gpu_layers: int | None = None, cpu_moe: int | None = None) -> LoadedModel:
     """Locate (pull) and load; with `place`, the layers are placed on the GPU as `run` would
-    (`gpu_layers`: --gpu-layers, None for auto), else `options`' placement is kept."""
+    (`gpu_layers`, `cpu_moe`: --gpu-layers, --cpu-moe, None for auto), else `options`'
+    placement is kept."""
     from localinfer.engine.load import load_model
     path = refs.locate(ref, refs.model_store(), offline=offline, progress=report.progress,
                        notify=report.notify, download_bar=report.download_bar)
     if place:
         placed = auto.place_file(path, n_ctx=options.n_ctx, kv_type=options.kv_type,
-                                 gpu_layers=gpu_layers)
-        options = replace(options, gpu_layers=placed.gpu_layers)
+                                 gpu_layers=gpu_layers, cpu_moe=cpu_moe)
+        options = replace(options, gpu_layers=placed.gpu_layers, cpu_moe=placed.cpu_moe)
     return load_model(ref, path, backend=backend, options=options)
 
 
 def open_model(model: str, options: LoadOptions, *, backend: str, offline: bool,
                report: Reporter = Reporter(), place: bool = False,
-               gpu_layers: int | None = None) -> LoadedModel:
+               gpu_layers: int | None = None, cpu_moe: int | None = None) -> LoadedModel:
     """Load the model a name or path names, as named (no fit: bench, eval), pulling it first if
     need be."""
     check_backend(backend)
     named = refs.name(model, "auto", offline=offline, notify=report.notify)
     return open_ref(named.ref, options, backend=backend, offline=offline, report=report,
-                    place=place, gpu_layers=gpu_layers)
+                    place=place, gpu_layers=gpu_layers, cpu_moe=cpu_moe)
 
 
 def open_for(named: refs.Named, request: Request, fit: FitOptions, report: Reporter, *,
@@ -143,12 +145,12 @@ def open_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter()
         if trained > fitted_ctx:
             placed = auto.place_file(path, n_ctx=trained, memory_budget=fit.memory,
                                      min_ctx=fitted_ctx, kv_type=fit.kv_type,
-                                     gpu_layers=fit.gpu_layers)
+                                     gpu_layers=fit.gpu_layers, cpu_moe=fit.cpu_moe)
             if placed.fits:
                 for note in placed.notes:
                     report.notify(note)
                 options = replace(options, n_ctx=placed.n_ctx, kv_type=placed.kv_type,
-                                  gpu_layers=placed.gpu_layers)
+                                  gpu_layers=placed.gpu_layers, cpu_moe=placed.cpu_moe)
     architecture = str(read_header(path).metadata.get("general.architecture", "")) or None
     chosen, _ = backends.select_batch(backend, architecture, path)
     return fitted.ref, chosen.load_batch(path, options, parallel + 1)

@@ -113,6 +113,7 @@ class Placed(Protocol):
     """Where a run would put the model (fit.rules.Placement has these)."""
     kv_type: str
     gpu_layers: int
+    cpu_moe: int
 
 
 PROBE_CTX = 512     # holds the probe's longest prefix and the cells it views (exactness.py)
@@ -130,7 +131,7 @@ def probe_ahead(path: Path, shown: str, *, place: Callable[[Path], Placed],
     try:
         placed = place(path)
         options = LoadOptions(n_ctx=PROBE_CTX, kv_type=placed.kv_type,
-                              gpu_layers=placed.gpu_layers)
+                              gpu_layers=placed.gpu_layers, cpu_moe=placed.cpu_moe)
         ref = refs.ModelRef(display=shown, spec=None, quant=None, path=path)
         loaded = load_model(ref, path, backend="auto", options=options)
         try:

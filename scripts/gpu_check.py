@@ -10,7 +10,10 @@ For every GGUF model, with every layer on the GPU (`-ngl 99`, `--gpu-layers 99`)
    Vulkan), in alternating rounds (the code of scripts/bench_vs_llama_bench.py, imported);
 2. output: greedy `localinfer run --raw --temp 0` on the GPU against the same on the CPU
    (`--gpu-layers 0`); GPU kernels round differently, so a late divergence is reported, not failed;
-3. memory: the fit's estimate of what the GPU holds (`Placement.on_gpu`) against the device memory
+3. a mixture of experts (qwen3moe, gpt-oss, ...): greedy output with the experts of half its layers
+   kept in RAM (`--cpu-moe N`, tensor buffer-type overrides) against all of it on the GPU,
+   reported like the CPU comparison (the experts' kernels run on the CPU then);
+4. memory: the fit's estimate of what the GPU holds (`Placement.on_gpu`) against the device memory
    the engine reports in use after the load (free memory from ggml's registry before the model is
    loaded minus after its context is made), in a fresh process so nothing else holds memory there.
 
@@ -110,12 +113,25 @@ def gpu_backend(gpus: list[dict]) -> str:
 # --------------------------------------------------------------------------
 
 
-def greedy_text(model: Path, gpu_layers: int) -> str:
+def greedy_text(model: Path, gpu_layers: int, cpu_moe: int = 0) -> str:
+    moe = ["--cpu-moe", str(cpu_moe)] if cpu_moe else []
     data = lb.run_json([sys.executable, "-m", "localinfer", "run", str(model), GREEDY_PROMPT,
                         "--raw", "--temp", "0", "-n", str(GREEDY_TOKENS), "--no-cache", "--draft",
-                        "none", "--json", "--gpu-layers", str(gpu_layers)],
-                       f"greedy run on {model.name} with --gpu-layers {gpu_layers}")
+                        "none", "--json", "--gpu-layers", str(gpu_layers), *moe],
+                       f"greedy run on {model.name} with --gpu-layers {gpu_layers} {' '.join(moe)}")
     return data["text"]
+
+
+def moe_layers(model: Path) -> int:
+    """Layers whose experts the MoE case keeps in RAM: half of a mixture's; 0 for a dense model
+    (or a file this check cannot read, which the other comparisons report)."""
+    from localinfer.errors import LocalinferError
+    from localinfer.fit import memory
+    try:
+        facts = memory.facts_from_file(model)
+    except (LocalinferError, OSError):
+        return 0
+    return max(1, facts.n_layer // 2) if any(facts.expert_bytes) else 0
 
 
 def same_text(gpu_text: str, cpu_text: str) -> str:
@@ -136,8 +152,13 @@ def check_model(model: Path, llama_bench: Path, args: argparse.Namespace) -> dic
     tests = {row["test"]: row for row in speed}
     pp, tg = tests[lb.test_name(lb.N_PROMPT, 0)], tests[lb.test_name(0, lb.N_GEN)]
     memory = run_probe(model, args.ctx)
-    return build_row(model.name, pp, tg, memory,
-                     same_text(greedy_text(model, ALL_LAYERS), greedy_text(model, 0)))
+    on_gpu = greedy_text(model, ALL_LAYERS)
+    row = build_row(model.name, pp, tg, memory, same_text(on_gpu, greedy_text(model, 0)))
+    n_moe = moe_layers(model)
+    if n_moe:
+        row["cpu_moe"] = n_moe
+        row["greedy_cpu_moe_vs_gpu"] = same_text(greedy_text(model, ALL_LAYERS, n_moe), on_gpu)
+    return row
 
 
 def build_row(name: str, pp: dict, tg: dict, memory: dict, greedy: str) -> dict:
@@ -184,10 +205,16 @@ def format_table(header: str, rows: list[dict]) -> str:
         lines.append(
             f"| {row['model']} | {row['pp_llama_bench']:.1f} | {row['pp_localinfer']:.1f} "
             f"| {row['pp_ratio']:.3f} | {row['tg_llama_bench']:.1f} | {row['tg_localinfer']:.1f} "
-            f"| {row['tg_ratio']:.3f} | {row['gpu_layers']} | {row['greedy_vs_cpu']} "
+            f"| {row['tg_ratio']:.3f} | {row['gpu_layers']} | {_greedy_cell(row)} "
             f"| {row['estimate'] / 2**20:.0f} MiB | {row['in_use'] / 2**20:.0f} MiB "
             f"| {'n/a' if ratio is None else f'{ratio:.3f}'} | {verdict} |")
     return "\n".join(lines)
+
+
+def _greedy_cell(row: dict) -> str:
+    moe = (f"; experts of {row['cpu_moe']} layers in RAM vs all on GPU: "
+           f"{row['greedy_cpu_moe_vs_gpu']}" if row.get("cpu_moe") else "")
+    return row["greedy_vs_cpu"] + moe
 
 
 # --------------------------------------------------------------------------

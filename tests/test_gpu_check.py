@@ -138,3 +138,31 @@ def test_the_whole_check_with_the_hardware_stubbed(monkeypatch, tmp_path, capsys
                            "estimate (100 MiB), outside ±10%")
     probes[model]["in_use"] = 105 * MiB
     assert gpu_check.run(gpu_check.parse_args([str(model)])) == 0
+
+
+def test_the_moe_case_is_found_from_the_file(tmp_path):
+    """A mixture of experts gets the --cpu-moe comparison (half its layers); a dense model, or a
+    file the check cannot read, does not."""
+    from tiny_gguf import Shape, write_tiny
+    assert gpu_check.moe_layers(write_tiny(tmp_path / "moe.gguf", "qwen3moe", Shape())) == 2
+    assert gpu_check.moe_layers(write_tiny(tmp_path / "dense.gguf", "qwen3", Shape())) == 0
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF")
+    assert gpu_check.moe_layers(tmp_path / "bad.gguf") == 0
+
+
+def test_the_moe_case_in_a_row(monkeypatch, tmp_path):
+    model = tmp_path / "m.gguf"
+    monkeypatch.setattr(gpu_check, "run_probe", lambda m, ctx: {
+        "estimate": 100 * MiB, "in_use": 101 * MiB, "n_ctx": 4096,
+        "offload": {"gpu_layers": 25, "layers": 25}})
+    monkeypatch.setattr(gpu_check, "moe_layers", lambda m: 12)
+    texts = {(99, 0): "on the GPU", (0, 0): "on the GPU", (99, 12): "on the GPU, and more"}
+    monkeypatch.setattr(gpu_check, "greedy_text", lambda m, layers, cpu_moe=0:
+                        texts[layers, cpu_moe])
+    monkeypatch.setattr(gpu_check.lb, "bench_model", lambda *a, **k: [
+        speed_row("pp512", 1000, 1000), speed_row("tg128", 100, 99)])
+    row = gpu_check.check_model(model, Path("llama-bench"), gpu_check.parse_args([str(model)]))
+    assert (row["cpu_moe"], row["greedy_cpu_moe_vs_gpu"]) == (12, "differs at char 10 of 10")
+    assert not gpu_check.failures(row)     # reported, as GPU-vs-CPU rounding is
+    table = gpu_check.format_table("h", [row])
+    assert "identical; experts of 12 layers in RAM vs all on GPU: differs at char 10" in table

@@ -60,7 +60,9 @@ def test_run_help_on_a_terminal_groups_options_and_shows_examples():
     assert "range" not in screen and "<float" not in screen and "<int" not in screen
     assert "{model}" not in screen and "hf:OWNER/REPO" in screen
     assert 'localinfer run smollm2 "Why is the sky blue?"' in screen
-    assert len(screen.splitlines()) < 100       # was 112 lines in one panel
+    # 112 lines in one panel before the panels; 96 with them, 112 again with the Thinking panel
+    # and --cpu-moe (issue 27): the bound keeps the help from growing unnoticed.
+    assert len(screen.splitlines()) <= 116
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -86,11 +86,25 @@ app.add_typer(cache.app, name="cache")
 
 
 # -- entry point ----------------------------------------------------------------------------------
+def optional_think_value(args: list[str]) -> list[str]:
+    """`--think` alone means `--think on` (click has no option whose value may be left out):
+    the value is put in where the next argument is not one. Arguments after `--` stay as they are."""
+    from localinfer.thinking.style import THINK_VALUES
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        out.append(arg)
+        if arg == "--think" and (i + 1 == len(args) or args[i + 1] not in THINK_VALUES):
+            out.append("on")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     console.set_debugging("--debug" in args)
-    args = [a for a in args if a != "--debug"]
+    args = optional_think_value([a for a in args if a != "--debug"])
     if COMPLETE_VAR in os.environ:   # a shell asking for completions: click's own protocol
         typer.main.get_command(app).main(args, prog_name="localinfer", complete_var=COMPLETE_VAR)
     shell.guard_standard_streams()

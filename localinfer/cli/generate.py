@@ -15,9 +15,11 @@ from localinfer.cli.options import (CONTEXT, backend_option, check_backend, cpu_
                                     json_schema_option, kv_type_option, max_tokens_option,
                                     memory_option, min_p_option, model_argument, no_cache_option,
                                     offline_option, parse_gpu_layers, quant_option, raw_option,
-                                    repeat_penalty_option, reporter, seed_option, stop_option,
-                                    system_option, temp_option, threads_option, top_k_option,
-                                    top_p_option, verbose_option)
+                                    no_think_option, repeat_penalty_option, reporter,
+                                    seed_option, show_thinking_option, stop_option,
+                                    system_option, temp_option, think_budget_option, think_option,
+                                    think_settings, threads_option, top_k_option, top_p_option,
+                                    verbose_option)
 from localinfer.errors import LocalinferError, UsageError
 
 # The decode loop, the prompt cache and their numpy are imported inside the commands (through
@@ -64,6 +66,10 @@ def run(
     as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
     json_schema: Optional[str] = json_schema_option(),
     grammar: Optional[str] = grammar_option(),
+    think: Optional[str] = think_option(),
+    no_think: bool = no_think_option(),
+    think_budget: Optional[int] = think_budget_option(),
+    show_thinking: Optional[bool] = show_thinking_option(),
     verbose: int = verbose_option(),
     backend: str = backend_option(),
     threads: int = threads_option(),
@@ -71,14 +77,17 @@ def run(
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
-    """Generate a completion and stream it to stdout.
+    """Generate a completion and stream it to stdout (a thinking model's trace: never stdout).
 
     \b
     localinfer run smollm2 "Why is the sky blue?"
     git diff | localinfer run smollm2 "Write a commit message" --temp 0
     localinfer run hf:OWNER/REPO:Q4_K_M "Hi" --json-schema person.json
     """
+    from dataclasses import replace
+
     from localinfer.cache import prompt_cache
+    from localinfer.cli.thinking import no_answer, show_by_default
     from localinfer.engine.decode import Limits
     from localinfer.engine.prompt import uses_chat_template
     from localinfer.engine.sampling import SamplingParams
@@ -88,6 +97,7 @@ def run(
     _check_max_tokens(max_tokens)
     check_backend(backend)
     output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
+    thinking = think_settings(think, no_think, think_budget)
     fit = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                       gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -96,24 +106,30 @@ def run(
         return chat(model, system=system, raw=raw, temp=temp, top_k=top_k, top_p=top_p,
                     min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
                     stop=stop, ctx=ctx, quant=quant, memory_=memory_, kv_type=kv_type,
-                    no_cache=no_cache, json_schema=json_schema, grammar=grammar, verbose=verbose,
-                    backend=backend, threads=threads, gpu_layers=gpu_layers, offline=offline)
+                    no_cache=no_cache, json_schema=json_schema, grammar=grammar, think=think,
+                    no_think=no_think, think_budget=think_budget, show_thinking=show_thinking,
+                    verbose=verbose, backend=backend, threads=threads, gpu_layers=gpu_layers,
+                    offline=offline)
     report = reporter()
     named = load.name(model, fit, report)
     # The prompt is read before the fit: the context is sized to it.
-    request = Request(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
-                      max_tokens, truncate)
+    request = Request(replace(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
+                              think=thinking.think), max_tokens, truncate)
     ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop)), draft=draft, draft_max=draft_max,
-                       output=output, use_cache=not no_cache)
+                       output=output, use_cache=not no_cache, think=thinking)
     loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
                                           threads=threads, engine_log=engine_log(verbose),
                                           probe_note=console.interactive())
     session = loaded.session
     if system and not raw and not uses_chat_template(session, raw):
         console.warn("this model has no chat template; --system is ignored")
-    text = shell.emit(generation, loaded, as_json=as_json, verbose=verbose > 0)
+    out = shell.emit(generation, loaded, as_json=as_json, verbose=verbose > 0,
+                     show_trace=show_by_default(show_thinking))
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
-    problem = pipeline.incomplete_answer(ask, text, generation, loaded)
+    finish = generation.stats.finish_reason
+    if out.still_thinking() and finish in ("length", "context", "stop"):
+        raise LocalinferError(no_answer(finish, max_tokens, session.n_ctx))
+    problem = pipeline.incomplete_answer(ask, out.answer, generation, loaded)
     if problem:
         raise LocalinferError(problem)
     if generation.stats.finish_reason == "context":
@@ -140,6 +156,10 @@ def chat(
     no_cache: bool = no_cache_option(),
     json_schema: Optional[str] = json_schema_option(),
     grammar: Optional[str] = grammar_option(),
+    think: Optional[str] = think_option(),
+    no_think: bool = no_think_option(),
+    think_budget: Optional[int] = think_budget_option(),
+    show_thinking: Optional[bool] = show_thinking_option(),
     verbose: int = verbose_option("-v: timings after each reply; -vv: the engine's log too."),
     backend: str = backend_option(),
     threads: int = threads_option(),

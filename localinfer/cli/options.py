@@ -37,6 +37,7 @@ SPECULATION = "Speculation"
 OUTPUT = "Output"
 BACKEND = "Backend"
 SERVER = "Server"
+THINKING = "Thinking"
 
 
 def verbose_option(help_text: str = "-v: timings and stats on stderr; -vv: the engine's log too."):
@@ -157,6 +158,38 @@ def draft_max_option():
 def model_argument(help_text: str = "Catalogue name or alias[:QUANT], hf:OWNER/REPO[:QUANT], "
                    "hf:OWNER/REPO/FILE.gguf, or a path to a .gguf file."):
     return typer.Argument(..., metavar="MODEL", show_default=False, help=help_text)
+
+
+def think_option():
+    # A value or none: `--think` alone is `--think on` (cli.app.optional_think_value).
+    return typer.Option(None, "--think", show_default=False, metavar="LEVEL",
+                        rich_help_panel=THINKING,
+                        help="Thinking models: on, off, or gpt-oss's low|medium|high.")
+
+
+def no_think_option():
+    return typer.Option(False, "--no-think", rich_help_panel=THINKING, show_default=False,
+                        help="--think off.")
+
+
+def think_budget_option():
+    return typer.Option(None, "--think-budget", min=0, max=MAX_CTX, metavar="TOKENS",
+                        rich_help_panel=THINKING, show_default=False,
+                        help="End the trace after this many tokens so that an answer follows.")
+
+
+def show_thinking_option():
+    return typer.Option(None, "--show-thinking/--hide-thinking", rich_help_panel=THINKING,
+                        show_default=False,
+                        help="The trace on stderr (default: on a terminal, not in a pipe).")
+
+
+def think_settings(think: str | None, no_think: bool, budget: int | None):
+    """--think, --no-think and --think-budget as the library's Think."""
+    from localinfer.thinking.style import Think, check_think
+    if no_think and think not in (None, "off"):
+        raise UsageError(f"--no-think and --think {think} say opposite things; give one")
+    return Think("off" if no_think else check_think(think), budget)
 
 
 def check_threads(value: int) -> int:

@@ -266,32 +266,35 @@ def combine_input(stdin_text: str | None, prompt: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose: bool) -> str:
-    """Stream the answer to stdout (or print it in one JSON object); returns its text."""
-    pieces: list[str] = []
+def emit(generation: Generation, loaded: LoadedModel, *, as_json: bool, verbose: bool,
+         show_trace: bool = False):
+    """Stream the answer to stdout (or print it in one JSON object); a thinking model's trace goes
+    to stderr when `show_trace`, else nowhere. Returns the cli.thinking.Output with both texts."""
+    from localinfer.cli.thinking import Output
+    out = Output(generation.style, show_trace=show_trace and not as_json, stream=not as_json)
     try:
         for piece in generation:
-            pieces.append(piece)
-            if not as_json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+            out.feed(piece)
     except KeyboardInterrupt:
         generation.stats.finish_reason = "interrupted"
-        _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
+        out.flush()
+        _finish(generation, loaded, out, as_json=as_json, verbose=verbose)
         raise
-    _finish(generation, loaded, pieces, as_json=as_json, verbose=verbose)
-    return "".join(pieces)
+    out.flush()
+    _finish(generation, loaded, out, as_json=as_json, verbose=verbose)
+    return out
 
 
-def _finish(generation: Generation, loaded: LoadedModel, pieces: list[str], *,
+def _finish(generation: Generation, loaded: LoadedModel, out, *,
             as_json: bool, verbose: bool) -> None:
     from localinfer.cli import gpu
     stats = generation.stats
     if as_json:
-        record = {"model": loaded.ref.display, "backend": loaded.backend, "text": "".join(pieces),
-                  **stats.as_dict(), **gpu.offload_facts(loaded)}
+        trace = {"reasoning": out.reasoning} if out.thinking else {}
+        record = {"model": loaded.ref.display, "backend": loaded.backend, "text": out.answer,
+                  **trace, **stats.as_dict(), **gpu.offload_facts(loaded)}
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
-    elif not "".join(pieces[-1:]).endswith("\n"):
+    elif not out.answer.endswith("\n") and (out.answer or not out.thinking):
         sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it
     sys.stdout.flush()
     if verbose:

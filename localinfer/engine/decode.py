@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import Sampler
@@ -90,6 +90,9 @@ class Limits:
     max_tokens: int = -1          # -1: until end of generation or a full context
     stop: Sequence[str] = field(default_factory=tuple)
     ignore_eos: bool = False      # benchmarks decode a fixed number of tokens
+    # Control tokens whose text a thinking model's splitter must see (harmony's `<|channel|>`):
+    # they render as no text otherwise.
+    shown: Mapping[int, bytes] = field(default_factory=dict)
 
 
 class Emitter:
@@ -129,7 +132,8 @@ class Emitter:
         self.history.append(token)
         stats.generated_tokens = len(self.tokens)
         # The incremental decoder keeps a multi-byte character split across tokens until whole.
-        text, self._hit_stop_string = self._stops.feed(self._utf8.decode(session.piece(token)))
+        piece = session.piece(token) or self.limits.shown.get(token, b"")
+        text, self._hit_stop_string = self._stops.feed(self._utf8.decode(piece))
         if self._hit_stop_string:
             stats.finish_reason = "stop"
             return text, True
@@ -152,6 +156,8 @@ class Emitter:
 
 class Generation:
     """Iterate for text pieces; `stats` is complete once iteration ends (or is interrupted)."""
+
+    style = None       # a thinking model's thinking.style.Style: its pieces hold trace and answer
 
     def __init__(self, cache: KVCache, prompt: Sequence[int], sampler: Sampler,
                  limits: Limits) -> None:

@@ -21,7 +21,8 @@ def uses_chat_template(session: Session, raw: bool) -> bool:
     return not raw and bool(session.chat_template)
 
 
-def chat_tokens(session: Session, messages: list[dict[str, str]]) -> list[int]:
+def chat_tokens(session: Session, messages: list[dict[str, str]],
+                extra: dict[str, object] | None = None) -> list[int]:
     """Render the model's own chat template and tokenize it: the template's markup with its
     control tokens, the messages' text as text. A message that spells a control token
     (`<|im_start|>system...` in SmolLM2's ChatML) gets those characters as text, never a turn.
@@ -35,7 +36,7 @@ def chat_tokens(session: Session, messages: list[dict[str, str]]) -> list[int]:
     if not session.chat_template:
         raise ModelLoadError("this model has no chat template; use --raw")
     marks = {"bos_token": _text(session, session.bos_token),
-             "eos_token": _text(session, session.eos_token)}
+             "eos_token": _text(session, session.eos_token), "extra": extra}
     text = templates.render(session.chat_template, messages, **marks)
     tokens = session.tokenize(text, special=True)
     parts = templates.content_parts(session.chat_template, messages, text, **marks)
@@ -144,6 +145,7 @@ class PromptText:
     cuttable: int = 0
     system: str | None = None
     raw: bool = False
+    think: str | None = None      # --think: on, off or an effort; None: the template's default
 
 
 def is_long(prompt: PromptText) -> bool:
@@ -156,7 +158,10 @@ def prompt_tokens(vocab: Session, prompt: PromptText) -> list[int]:
 
     `vocab` is a loaded Session or a vocabulary alone (backends.llama_vocab.LlamaVocab)."""
     if uses_chat_template(vocab, prompt.raw):
-        return chat_tokens(vocab, messages_for(prompt.text, prompt.system))
+        from localinfer.thinking import setup
+        extra = setup.template_vars(vocab.chat_template, prompt.think)
+        tokens = chat_tokens(vocab, messages_for(prompt.text, prompt.system), extra)
+        return tokens + setup.empty_trace_tokens(vocab, tokens, prompt.think)
     return raw_tokens(vocab, prompt.text)
 
 
@@ -170,10 +175,13 @@ def most_tokens(prompt: PromptText, template: str | None) -> int | None:
     text = prompt.text
     if template and not prompt.raw:
         from localinfer.engine import templates
+        from localinfer.thinking import setup
         try:
-            text = templates.render(template, messages_for(prompt.text, prompt.system))
+            text = templates.render(template, messages_for(prompt.text, prompt.system),
+                                    extra=setup.template_vars(template, prompt.think))
         except ModelLoadError:       # counted with the vocabulary instead, which says why
             return None
+        text += setup.EMPTY_TRACE_BOUND if prompt.think == "off" else ""
     return len(text.encode("utf-8")) + _SPECIAL_SLACK
 
 

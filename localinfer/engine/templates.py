@@ -23,13 +23,17 @@ _SKIP = "use --raw to skip it"
 
 
 def render(template: str, messages: list[dict[str, str]], *, bos_token: str = "",
-           eos_token: str = "", add_generation_prompt: bool = True) -> str:
-    """Render a conversation into the prompt text the model was trained on."""
+           eos_token: str = "", add_generation_prompt: bool = True,
+           extra: dict[str, object] | None = None) -> str:
+    """Render a conversation into the prompt text the model was trained on; `extra` holds the
+    template's own variables (`enable_thinking`, `reasoning_effort`), as transformers passes
+    apply_chat_template's keyword arguments."""
     budget = bounds.Budget(bounds.limits_for(messages))
     token = bounds.begin(budget)
     try:
-        text = _render(_compile(template), budget, messages=messages, bos_token=bos_token,
-                       eos_token=eos_token, add_generation_prompt=add_generation_prompt)
+        text = _render(_compile(template), budget, **(extra or {}), messages=messages,
+                       bos_token=bos_token, eos_token=eos_token,
+                       add_generation_prompt=add_generation_prompt)
     except ModelLoadError:
         raise
     except bounds.TemplateBoundExceeded as e:

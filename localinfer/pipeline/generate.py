@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localinfer.fit.options import FitOptions, Reporter
+from localinfer.thinking.style import Think
 
 if TYPE_CHECKING:
     from localinfer.backends import LoadOptions
@@ -24,18 +25,33 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
                draft: str = "auto", draft_max: int = 8, offline: bool = False,
                options: LoadOptions, output: OutputFormat | None = None,
                store: PromptCache | None = None, report: Reporter = Reporter(),
-               probe_note: bool = False) -> Generation | SpeculativeGeneration:
+               probe_note: bool = False, think: Think = Think(),
+               raw: bool = False) -> Generation | SpeculativeGeneration:
     """Plain decoding, or speculative decoding with the drafter `draft` names (`draft_max` 0: none);
     constrained to `output`'s grammar when there is one. `store` is the prompt cache to restore
-    from and fill; `probe_note`: the exactness probe, when it must run, says so to `report`."""
+    from and fill; `probe_note`: the exactness probe, when it must run, says so to `report`.
+    A thinking model's generation has its `style` set; `output` then constrains the answer
+    after the trace, and `think.budget` ends the trace."""
+    from dataclasses import replace
+
     from localinfer.engine.constrain import sampler_for
     from localinfer.engine.decode import Generation
     from localinfer.engine.kv import KVCache
-    cache = KVCache(loaded.session, store)
-    grammar = loaded.session.grammar(output.gbnf) if output else None
+    from localinfer.thinking import setup
+    session = loaded.session
+    cache = KVCache(session, store)
+    grammar = session.grammar(output.gbnf) if output else None
+    style = setup.style_of(session, tokens, raw)
+    grammar = setup.gate_for(session, style, think, grammar) or grammar
+    shown = setup.shown_markers(session, style)
+    limits = replace(limits, shown=shown) if shown else limits
+
+    def styled(made):
+        made.style = style
+        return made
 
     def plain() -> Generation:
-        return Generation(cache, tokens, sampler_for(params, grammar), limits)
+        return styled(Generation(cache, tokens, sampler_for(params, grammar), limits))
     if draft_max == 0 or draft == "none":
         return plain()
     from localinfer.speculate import choose
@@ -43,8 +59,9 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
                                   notify=report.notify)
     if drafter is None:
         return plain()
-    return choose.speculative(loaded, cache, tokens, params, limits, drafter, max_draft=draft_max,
-                              grammar=grammar, notify=report.notify if probe_note else None)
+    return styled(choose.speculative(loaded, cache, tokens, params, limits, drafter,
+                                     max_draft=draft_max, grammar=grammar,
+                                     notify=report.notify if probe_note else None))
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,7 @@ class Ask:
     draft_max: int = 8
     output: OutputFormat | None = None
     use_cache: bool = True          # restore from and fill the prompt cache
+    think: Think = Think()          # a thinking model's --think and --think-budget
 
 
 def prepare(named: refs.Named, request: Request, fit: FitOptions, ask: Ask,
@@ -72,7 +90,8 @@ def prepare(named: refs.Named, request: Request, fit: FitOptions, ask: Ask,
     made = generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
                       draft_max=ask.draft_max, offline=fit.offline, options=options,
                       output=ask.output, report=report, probe_note=probe_note,
-                      store=prompt_cache.open_for(loaded.session, enabled=ask.use_cache))
+                      store=prompt_cache.open_for(loaded.session, enabled=ask.use_cache),
+                      think=ask.think, raw=request.prompt.raw)
     made.stats.load_s = loaded.load_s
     return loaded, made
 

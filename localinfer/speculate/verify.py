@@ -131,6 +131,8 @@ class SpeculativeGeneration:
     never kept; `grammar` always stands after every token emitted or forced to come next.
     """
 
+    style = None       # as decode.Generation's
+
     def __init__(self, cache: KVCache, prompt: Sequence[int], params: SamplingParams,
                  limits: Limits, drafter: Drafter, *, max_draft: int = 8, chunk: int = 1,
                  adaptive: bool = True, grammar: Grammar | None = None) -> None:

@@ -30,6 +30,8 @@ from localinfer.fit.options import FitOptions, Reporter, gpu_layers_count
 from localinfer.models import refs
 from localinfer.pipeline import generate as pipeline
 from localinfer.pipeline import load as loading
+from localinfer.thinking.split import ANSWER, Part, splitter
+from localinfer.thinking.style import Think, check_think
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Model:
         self._loaded: LoadedModel | None = None
         self._closed = False
         self.stats: Stats | None = None     # the figures of the last call: tokens, speeds, why
+        self.reasoning: str | None = None   # the last call's trace (None: the model writes none)
 
     @property
     def name(self) -> str:
@@ -88,14 +91,21 @@ class Model:
         """The answer `localinfer run MODEL PROMPT` prints for these options (without the newline
         `run` adds to end the line). Options as `run`'s long options: max_tokens, temperature,
         top_k, top_p, min_p, repeat_penalty, seed, stop, system, raw, draft, draft_max,
-        json_schema (a dict or a JSON string), grammar (GBNF text), cache."""
+        json_schema (a dict or a JSON string), grammar (GBNF text), cache, think (True, False,
+        or "low"/"medium"/"high"), think_budget. A thinking model's trace is not in it: it is
+        `reasoning` after the call."""
         return "".join(self.stream(prompt, **options))
 
     def stream(self, prompt: str, **options) -> Iterator[str]:
         """The answer as it is decoded, piece by piece (see `generate`)."""
+        return (text for kind, text in self.stream_parts(prompt, **options) if kind == ANSWER)
+
+    def stream_parts(self, prompt: str, **options) -> Iterator[Part]:
+        """(kind, text) pieces as they are decoded: kind "reasoning" for a thinking model's
+        trace, "answer" for the answer."""
         self._check_open()
         ask, system, raw = _ask(options)
-        request = _request(PromptText(prompt, 0, system, raw), ask)
+        request = _request(PromptText(prompt, 0, system, raw, ask.think.think), ask)
         self._loaded, made = pipeline.prepare(
             self._setup.named, request, self._setup.fit, ask, self._setup.report,
             backend=self._setup.backend, threads=self._setup.threads, loaded=self._loaded)
@@ -109,7 +119,7 @@ class Model:
         if raw:
             raise UsageError("chat takes messages for the chat template; use generate(raw=True)")
         conversation = ([{"role": "system", "content": system}] if system else []) + messages
-        return "".join(self._chat(conversation, ask))
+        return "".join(text for kind, text in self._chat(conversation, ask) if kind == ANSWER)
 
     def close(self) -> None:
         self._closed = True
@@ -138,33 +148,48 @@ class Model:
     def _chat(self, conversation: list[dict], ask: pipeline.Ask) -> Iterator[str]:
         from localinfer.cache import prompt_cache
         from localinfer.engine.prompt import chat_tokens
+        from localinfer.thinking import setup
         if self._loaded is None:
             self._open()
         loaded = self._loaded
-        tokens = chat_tokens(loaded.session, conversation)
+        session, think = loaded.session, ask.think.think
+        tokens = chat_tokens(session, conversation, setup.template_vars(session.chat_template, think))
+        tokens += setup.empty_trace_tokens(session, tokens, think)
         made = pipeline.generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
                                    draft_max=ask.draft_max, offline=self._setup.fit.offline,
                                    options=loaded.options, output=ask.output,
                                    report=self._setup.report,
                                    store=prompt_cache.open_for(loaded.session,
-                                                               enabled=ask.use_cache))
+                                                               enabled=ask.use_cache),
+                                   think=ask.think)
         yield from self._run(made, ask)
 
-    def _run(self, made, ask: pipeline.Ask) -> Iterator[str]:
+    def _run(self, made, ask: pipeline.Ask) -> Iterator[Part]:
         from localinfer.cache import prompt_cache
-        pieces = []
+        from localinfer.thinking.setup import no_answer
+        cut = splitter(made.style) if made.style is not None else None
+        answer, trace = [], []
         for piece in made:
-            pieces.append(piece)
-            yield piece
-        self.stats = made.stats
+            for part in cut.feed(piece) if cut else [Part(ANSWER, piece)]:
+                (answer if part.kind == ANSWER else trace).append(part.text)
+                yield part
+        for part in cut.flush() if cut else []:
+            (answer if part.kind == ANSWER else trace).append(part.text)
+            yield part
+        self.stats, self.reasoning = made.stats, "".join(trace) if cut else None
         prompt_cache.persist(made.cache)
-        problem = pipeline.incomplete_answer(ask, "".join(pieces), made, self._loaded)
+        finish = made.stats.finish_reason
+        if cut is not None and cut.in_trace and finish in ("length", "context", "stop"):
+            raise LocalinferError(no_answer(finish, ask.limits.max_tokens,
+                                            self._loaded.session.n_ctx))
+        problem = pipeline.incomplete_answer(ask, "".join(answer), made, self._loaded)
         if problem:
             raise LocalinferError(problem)
 
 
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
-            "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache"}
+            "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
+            "think", "think_budget"}
 
 
 def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
@@ -186,8 +211,19 @@ def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
     ask = pipeline.Ask(params, Limits(max_tokens, stops), draft=options.get("draft", "auto"),
                        draft_max=options.get("draft_max", 8),
                        output=_output(options.get("json_schema"), options.get("grammar")),
-                       use_cache=options.get("cache", True))
+                       use_cache=options.get("cache", True), think=_think(options))
     return ask, options.get("system"), bool(options.get("raw", False))
+
+
+def _think(options: dict) -> Think:
+    """`think` (True/False or a --think value) and `think_budget`, checked as the CLI checks them."""
+    think = options.get("think")
+    think = {True: "on", False: "off"}.get(think, think) if isinstance(think, bool) else think
+    budget = options.get("think_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget < 0):
+        raise UsageError(f"think_budget must be a whole number of tokens, 0 or more, not {budget!r}")
+    return Think(check_think(think), budget)
 
 
 def _request(prompt: PromptText, ask: pipeline.Ask):

@@ -336,8 +336,8 @@ PHI4_MINI_REASONING = _published("phi4-mini-reasoning")
 # outside the tags may differ from the Hub file; the tags are the published ones. It reads
 # enable_thinking (default true) and "/think" or "/no_think" in the system message; with thinking
 # the generation prompt is "<|im_start|>assistant\n", without it "...<think>\n\n</think>\n".
-# It uses transformers' {% generation %} block tag (assistant-token masks), which our sandbox does
-# not know: it fails to compile there, so it is not in REAL (see test_templates.py).
+# It uses transformers' {% generation %} block tag (assistant-token masks), which our renderer
+# renders as transformers does: its body, unchanged.
 SMOLLM3 = _published("smollm3-3b")
 
 # DeepSeek-R1-0528: no byte-exact copy of its tokenizer_config.json was found in the stored sources
@@ -345,10 +345,8 @@ SMOLLM3 = _published("smollm3-3b")
 
 REASONING = {"qwen3-thinking-2507": QWEN3_THINKING_2507,
              "deepseek-r1-distill-qwen": DEEPSEEK_R1_DISTILL_QWEN,
-             "gpt-oss-20b": GPT_OSS_20B, "phi4-mini-reasoning": PHI4_MINI_REASONING}
-
-# Published templates our sandbox cannot render, with the reason, pinned by a test.
-UNRENDERABLE = {"smollm3-3b": (SMOLLM3, "unknown tag 'generation'")}
+             "gpt-oss-20b": GPT_OSS_20B, "phi4-mini-reasoning": PHI4_MINI_REASONING,
+             "smollm3-3b": SMOLLM3}
 
 REAL = {"smollm2": SMOLLM2, "gemma3": GEMMA3, "llama3": LLAMA3, "llama3.2": LLAMA32,
         "qwen2.5": QWEN25, "qwen3": QWEN3, "mistral": MISTRAL, "phi3": PHI3, **REASONING}

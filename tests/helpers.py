@@ -84,3 +84,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def smollm_wearing(template: str, directory: Path, name: str) -> Path:
+    """A copy of SmolLM2's GGUF whose chat template is `template` (a published one, from
+    chat_templates.py): its ChatML vocabulary runs Qwen3's, DeepSeek's or SmolLM3's template, so
+    the product's handling of a family's template is tested on real weights."""
+    from gguf_patch import set_value
+    source = MODELS_HOME / "data" / "models" / "smollm2-135m-instruct" / "smollm2-135m-instruct-Q4_1.gguf"
+    return set_value(source, directory / f"{name}.gguf", "tokenizer.chat_template", template)

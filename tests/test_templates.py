@@ -7,6 +7,7 @@ from datetime import datetime
 
 import chat_templates
 import jinja2
+import jinja2.ext
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -63,10 +64,26 @@ CONVERSATION = [
 ]
 
 
+class _AssistantTracker(jinja2.ext.Extension):
+    """transformers' {% generation %} extension as chat_template_utils writes it: a call block
+    whose body is rendered as it stands (transformers also records where, for masks)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_generation_support"), [], [],
+                                      body).set_lineno(lineno)
+
+    def _generation_support(self, caller):
+        return caller()
+
+
 def stock_render(template: str, messages, **variables) -> str:
     """The template rendered as before any bounds: Jinja's immutable sandbox, transformers' settings."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols", _AssistantTracker])
     env.filters["tojson"] = lambda v, indent=None, ensure_ascii=False: json.dumps(
         v, indent=indent, ensure_ascii=ensure_ascii)
     env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(jinja2.TemplateError(m))
@@ -121,11 +138,13 @@ GENERATION_PROMPT_ENDS = {
     "deepseek-r1-distill-qwen": "<｜User｜>hi<｜Assistant｜>",   # this revision: no "<think>\n"
     "gpt-oss-20b": "<|start|>user<|message|>hi<|end|><|start|>assistant",   # the model picks a channel
     "phi4-mini-reasoning": "<|user|>hi<|end|><|assistant|>",   # the model opens <think> itself
+    "smollm3-3b": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",   # enable_thinking
 }
 REASONING_TOKENS = {"qwen3-thinking-2507": ("", "<|im_end|>"),
                     "deepseek-r1-distill-qwen": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
                     "gpt-oss-20b": ("<|startoftext|>", "<|return|>"),
-                    "phi4-mini-reasoning": ("<|endoftext|>", "<|endoftext|>")}
+                    "phi4-mini-reasoning": ("<|endoftext|>", "<|endoftext|>"),
+                    "smollm3-3b": ("", "<|im_end|>")}
 
 
 def test_every_reasoning_template_has_its_pinned_ending():
@@ -149,10 +168,11 @@ def test_reasoning_template_renders_with_its_generation_prompt(name):
 @pytest.mark.parametrize("name", sorted(GENERATION_PROMPT_ENDS))
 def test_reasoning_template_drops_earlier_thoughts(name):
     """An earlier answer's <think> block does not go back into the prompt, where the template
-    strips it (Qwen3 and DeepSeek do; gpt-oss and Phi-4-mini-reasoning keep content as given)."""
+    strips it (Qwen3 and DeepSeek do; gpt-oss, Phi-4-mini-reasoning and SmolLM3 keep content as
+    given)."""
     bos, eos = REASONING_TOKENS[name]
     text = render(chat_templates.REASONING[name], CONVERSATION, bos_token=bos, eos_token=eos)
-    assert ("add them" in text) == (name in {"gpt-oss-20b", "phi4-mini-reasoning"})
+    assert ("add them" in text) == (name in {"gpt-oss-20b", "phi4-mini-reasoning", "smollm3-3b"})
     assert text.endswith(GENERATION_PROMPT_ENDS[name].split("hi", 1)[-1])
 
 
@@ -162,18 +182,6 @@ def test_gpt_oss_system_header_defaults_to_medium_reasoning():
                            "trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ")
     assert "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final." in text
     assert "<|start|>developer<|message|># Instructions\n\nBe brief\n\n<|end|>" in text
-
-
-@pytest.mark.parametrize("name", sorted(chat_templates.UNRENDERABLE))
-def test_published_templates_our_sandbox_cannot_render(name):
-    """SmolLM3's template marks assistant turns with transformers' {% generation %} block tag (an
-    extension apply_chat_template registers for assistant-token masks): it does not compile in our
-    sandbox, nor in plain Jinja. Pinned so that the day it renders, this test says so."""
-    template, reason = chat_templates.UNRENDERABLE[name]
-    with pytest.raises(ModelLoadError, match=reason):
-        render(template, messages_for("hi", None))
-    with pytest.raises(jinja2.TemplateSyntaxError):
-        stock_render(template, messages_for("hi", None))
 
 
 # -- hostile templates end with one clear error, quickly and in little memory --------------------

@@ -10,7 +10,7 @@ the oldest turns go.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +27,8 @@ from localinfer.engine.sampling import Sampler, SamplingParams, make_sampler
 from localinfer.engine.structured import OutputFormat, incomplete
 from localinfer.errors import ContextOverflow, UsageError
 from localinfer.models import safe_files
+from localinfer.thinking import setup
+from localinfer.thinking.style import Think
 
 # A history is for recalling recent lines, not an archive: this many, from at most this many bytes.
 HISTORY_ENTRIES = 1000
@@ -47,6 +49,14 @@ class _Chat:
     system: str | None
     messages: list[dict[str, str]] = field(default_factory=list)
     raw: bool = False          # --raw: each message sent as is, without the chat template
+    think: Think = Think()     # a thinking model's --think and --think-budget
+
+    def tokens_for(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation's prompt through the template, with --think's variables."""
+        session = self.loaded.session
+        tokens = chat_tokens(session, _conversation(self.system, messages),
+                             setup.template_vars(session.chat_template, self.think.think))
+        return tokens + setup.empty_trace_tokens(session, tokens, self.think.think)
 
     def grow_to(self, need: int) -> None:
         before = self.loaded.session.n_ctx
@@ -62,17 +72,20 @@ class _Chat:
 
 def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, limits: Limits,
          verbose: bool = False, use_cache: bool = True, grow: Grow | None = None,
-         output: OutputFormat | None = None, raw: bool = False) -> None:
+         output: OutputFormat | None = None, raw: bool = False, think: Think = Think(),
+         show_trace: bool = True) -> None:
     """The chat loop; `grow` (None: the context is fixed) reloads the model with a larger one;
     `output` constrains every reply (each starts its grammar afresh); `raw` sends each message
-    as is, as a model without a chat template gets it."""
+    as is, as a model without a chat template gets it. A thinking model's trace goes to stderr
+    when `show_trace`, and never into the conversation."""
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
     history_file = _setup_readline()
     chat = _Chat(loaded, KVCache(session, prompt_cache.open_for(session, enabled=use_cache)),
-                 use_cache, grow, system, raw=raw)
-    turn = _Turn(make_sampler(params), params, limits, output, verbose)   # one random stream
+                 use_cache, grow, system, raw=raw, think=think)
+    turn = _Turn(make_sampler(params), params, limits, output, verbose,   # one random stream
+                 show_trace)
     console.note(f"{loaded.ref.display} ready · /help lists the commands; /bye or Ctrl-D leaves")
     if verbose:
         from localinfer.cli.gpu import say_offload
@@ -137,6 +150,7 @@ class _Turn:
     limits: Limits
     output: OutputFormat | None
     verbose: bool
+    show_trace: bool = True
 
     def take(self, chat: _Chat, text: str) -> None:
         """Answer the user's `text`; the exchange joins the conversation as far as it went."""
@@ -145,9 +159,11 @@ class _Turn:
         try:
             with chat_input.keys_held(sys.stdin):   # keys typed during the reply stay out of it
                 tokens = _fitted_tokens(chat, self.limits)
-                constrained = _constrained(self.sampler, self.params, self.output, chat.loaded)
+                style = setup.style_of(chat.loaded.session, tokens, chat.raw)
+                constrained = _constrained(self.sampler, self.params, self.output, chat.loaded,
+                                           style, chat.think)
                 reply, finish = _reply(chat.cache, tokens, constrained, self.limits, chat.loaded,
-                                       self.verbose)
+                                       self.verbose, style, self.show_trace)
             problem = incomplete(self.output, reply, finish) if self.output else None
             if problem:
                 console.error(problem)
@@ -182,13 +198,12 @@ def _fitted_tokens(chat: _Chat, limits: Limits) -> list[int]:
     if chat.raw or not session.chat_template:
         return raw_tokens(session, messages[-1]["content"])
     if chat.grow is not None:
-        need = len(chat_tokens(session, _conversation(system, messages)))
+        need = len(chat.tokens_for(messages))
         if need + reply_room(limits.max_tokens) > session.n_ctx:
             chat.grow_to(need + reply_room(limits.max_tokens))
             session = chat.loaded.session
     limit = session.n_ctx - reply_reserve(session.n_ctx, limits.max_tokens)
-    tokens, dropped = chat_window.fit(
-        messages, lambda kept: chat_tokens(session, _conversation(system, kept)), limit)
+    tokens, dropped = chat_window.fit(messages, chat.tokens_for, limit)
     if dropped:
         del messages[:dropped]
         console.note(f"the conversation outgrew the context: dropped the {dropped} oldest "
@@ -220,30 +235,38 @@ def growing(*, ctx: int, kv_type: str | None, memory_budget: str | None,
 
 
 def _constrained(sampler: Sampler, params: SamplingParams, output: OutputFormat | None,
-                 loaded: LoadedModel) -> Sampler:
-    if output is None:
-        return sampler
-    return ConstrainedSampler(params, loaded.session.grammar(output.gbnf))
+                 loaded: LoadedModel, style, think: Think) -> Sampler:
+    """The reply's sampler: the chat's own, or one that keeps to the answer's grammar and the
+    thinking budget (setup.gate_for)."""
+    session = loaded.session
+    grammar = session.grammar(output.gbnf) if output is not None else None
+    grammar = setup.gate_for(session, style, think, grammar) or grammar
+    return sampler if grammar is None else ConstrainedSampler(params, grammar)
 
 
 def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
-           loaded: LoadedModel, verbose: bool) -> tuple[str, str]:
-    """Stream one reply; returns its text and why it ended."""
-    generation = Generation(cache, tokens, sampler, limits)
-    pieces = []
+           loaded: LoadedModel, verbose: bool, style=None,
+           show_trace: bool = True) -> tuple[str, str]:
+    """Stream one reply; returns its answer (the trace apart) and why it ended."""
+    from localinfer.cli.thinking import Output, no_answer
+    shown = setup.shown_markers(loaded.session, style)
+    generation = Generation(cache, tokens, sampler, replace(limits, shown=shown) if shown else limits)
+    out = Output(style, show_trace=show_trace)
     try:
         for piece in generation:
-            pieces.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            out.feed(piece)
     except KeyboardInterrupt:
         generation.stats.finish_reason = "interrupted"   # Ctrl-C ends the reply, not the chat
-    reply = "".join(pieces).strip(), generation.stats.finish_reason
+    out.flush()
+    finish = generation.stats.finish_reason
+    reply = out.answer.strip(), finish
     try:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        cut = _cut_marker(generation.stats.finish_reason, limits, loaded.session.n_ctx)
-        if cut:
+        cut = _cut_marker(finish, limits, loaded.session.n_ctx)
+        if out.still_thinking() and finish in ("length", "context", "stop"):
+            console.error(no_answer(finish, limits.max_tokens, loaded.session.n_ctx))
+        elif cut:
             console.note(cut)
         prompt_cache.persist(cache, notify=console.note if verbose else None)
         if verbose:

@@ -174,6 +174,7 @@ def chat(
     localinfer chat gemma3-270m --system "Answer in one sentence." --temp 0.3
     """
     from localinfer.cli import chat as chat_repl
+    from localinfer.cli.thinking import show_by_default
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
@@ -182,6 +183,7 @@ def chat(
                             repeat_penalty=repeat_penalty, seed=seed)
     check_backend(backend)
     output = from_options(json_schema, grammar)
+    thinking = think_settings(think, no_think, think_budget)
     from localinfer.pipeline import load
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                               gpu_layers=gpu_layers, offline=offline,
@@ -192,6 +194,7 @@ def chat(
     loaded = load.open_ref(fitted.ref, options, backend=backend, offline=offline, report=report)
     chat_repl.repl(loaded, params, system=system, limits=Limits(max_tokens, tuple(stop)),
                    verbose=verbose > 0, use_cache=not no_cache, output=output, raw=raw,
+                   think=thinking, show_trace=show_by_default(show_thinking),
                    grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
                                           gpu_layers=parse_gpu_layers(gpu_layers),
                                           cpu_moe=fit.cpu_moe, options=options))

@@ -7,6 +7,7 @@ import os
 import sys
 
 from localinfer.cli import console
+from localinfer.thinking.setup import no_answer  # noqa: F401  (the CLI's name for it)
 from localinfer.thinking.split import ANSWER, splitter
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
@@ -84,16 +85,3 @@ class Output:
 def _stdout(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-def no_answer(finish: str, max_tokens: int, n_ctx: int) -> str:
-    """Why the model wrote no answer: its trace used up -n or the context, or it ended there."""
-    if finish == "stop":
-        return ("no answer: the model ended its output inside its trace; try again, or give "
-                "--think-budget N so that the trace ends after N tokens")
-    if finish == "length":
-        spent = f"-n {max_tokens} ran out"
-    else:
-        spent = f"the context ({n_ctx:,} tokens) filled"
-    return (f"no answer: the model was still thinking when {spent}; raise -n, or give "
-            "--think-budget N so that the trace ends after N tokens")

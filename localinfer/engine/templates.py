@@ -14,6 +14,7 @@ from datetime import datetime
 from functools import lru_cache
 
 import jinja2
+import jinja2.ext
 
 from localinfer.engine import template_bounds as bounds
 from localinfer.engine.template_sandbox import BoundedSandbox
@@ -129,7 +130,8 @@ def _render(compiled: jinja2.Template, budget: bounds.Budget, **variables: objec
 def _compile(template: str) -> jinja2.Template:
     # The same settings as transformers' apply_chat_template, so templates behave as their authors saw.
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
-                         extensions=["jinja2.ext.loopcontrols"], filters={"tojson": _tojson})
+                         extensions=["jinja2.ext.loopcontrols", _GenerationBlock],
+                         filters={"tojson": _tojson})
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
@@ -139,6 +141,17 @@ def _compile(template: str) -> jinja2.Template:
     except (ValueError, RecursionError, MemoryError) as e:   # e.g. a 5000-digit number literal
         reason = str(e).split(";")[0] or type(e).__name__   # not Python's advice on raising limits
         raise ModelLoadError(f"the model's chat template cannot be compiled: {reason}; {_SKIP}") from e
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """transformers' `{% generation %}…{% endgeneration %}` (SmolLM3): it marks the assistant's
+    text for training masks and renders its body unchanged, as it does here."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def _tojson(value, indent=None, ensure_ascii=False):

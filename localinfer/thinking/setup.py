@@ -81,3 +81,16 @@ def _one_token(session: Session, text: str) -> int | None:
     """The token that is `text` whole, if the vocabulary has one."""
     tokens = session.tokenize(text, special=True)
     return tokens[0] if len(tokens) == 1 and session.token_text(tokens[0]) == text else None
+
+
+def no_answer(finish: str, max_tokens: int, n_ctx: int) -> str:
+    """Why the model wrote no answer: its trace used up -n or the context, or it ended there."""
+    if finish == "stop":
+        return ("no answer: the model ended its output inside its trace; try again, or give "
+                "--think-budget N so that the trace ends after N tokens")
+    if finish == "length":
+        spent = f"-n {max_tokens} ran out"
+    else:
+        spent = f"the context ({n_ctx:,} tokens) filled"
+    return (f"no answer: the model was still thinking when {spent}; raise -n, or give "
+            "--think-budget N so that the trace ends after N tokens")

@@ -17,10 +17,12 @@ from localinfer.cli.options import (CONTEXT, OUTPUT, backend_option, cpu_moe_opt
                                     engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
-                                    min_p_option, model_argument, offline_option, quant_option,
-                                    raw_option, repeat_penalty_option, reporter, seed_option,
-                                    stop_option, system_option, temp_option, threads_option,
-                                    top_k_option, top_p_option, verbose_option)
+                                    min_p_option, model_argument, no_think_option,
+                                    offline_option, quant_option, raw_option,
+                                    repeat_penalty_option, reporter, seed_option,
+                                    show_thinking_option, stop_option, system_option, temp_option,
+                                    think_budget_option, think_option, think_settings,
+                                    threads_option, top_k_option, top_p_option, verbose_option)
 from localinfer.errors import EXIT_RUNTIME, LocalinferError, UsageError
 from localinfer.units import counted
 
@@ -61,6 +63,10 @@ def map_lines(
                                                     "against this schema (a file or inline "
                                                     "JSON)."),
     grammar: Optional[str] = grammar_option("Each answer follows this GBNF grammar file."),
+    think: Optional[str] = think_option(),
+    no_think: bool = no_think_option(),
+    think_budget: Optional[int] = think_budget_option(),
+    show_thinking: Optional[bool] = show_thinking_option(),
     verbose: int = verbose_option("-v: nothing more yet; -vv: the engine's log."),
     backend: str = backend_option(),
     threads: int = threads_option(),
@@ -68,12 +74,14 @@ def map_lines(
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
-    """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order.
+    """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order
+    (a thinking model's trace: never stdout).
 
     \b
     seq 1 20 | localinfer map smollm2 "Is {} a prime number? Answer yes or no." --temp 0
     cat titles.txt | localinfer map smollm2 "Translate to French: {}" --jsonl
     """
+    from localinfer.cli.thinking import show_by_default
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
@@ -82,6 +90,7 @@ def map_lines(
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)   # checked before loading
     output = from_options(json_schema, grammar)
+    thinking = think_settings(think, no_think, think_budget)
     feed = _input_lines(ahead=2 * parallel)
     feed.peek()                 # a first line that is not text is refused before the model loads
     from localinfer.pipeline import load
@@ -93,8 +102,10 @@ def map_lines(
     try:
         printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
                                               system=system, raw=raw,
-                                              gbnf=output.gbnf if output else None),
-                          jsonl=as_jsonl, use_cache=not no_cache)
+                                              gbnf=output.gbnf if output else None,
+                                              think=thinking),
+                          jsonl=as_jsonl, use_cache=not no_cache,
+                          show_trace=show_by_default(show_thinking) and not as_jsonl)
     finally:
         batch.close()
     if printer.failed:
@@ -113,7 +124,8 @@ def _input_lines(ahead: int) -> _Feed:
     return _Feed(lines, ahead)
 
 
-def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool) -> _InOrder:
+def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool,
+            show_trace: bool = False) -> _InOrder:
     """Run the lines through the scheduler as they come, printing answers in input order.
 
     A line becomes a job (tokenized, with its sampler) only when the scheduler has a free
@@ -121,11 +133,12 @@ def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool) 
     that window, not the input."""
     from localinfer.cache import prompt_cache
     from localinfer.engine.scheduler import Scheduler
-    printer = _InOrder(jsonl)
+    printer = _InOrder(jsonl, show_trace)
     first = feed.peek()
     if first is None:
         return printer
     session, parallel = batch.session, batch.n_seq - 1
+    seq_ctx = batch.n_ctx // parallel           # each line's context, as the scheduler shares it
     created = 0
 
     def arrivals(idle: bool):
@@ -148,6 +161,7 @@ def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool) 
     with console.progress_bar("answering") as progress:
         def done(job) -> None:
             job.sampler, job.prompt = None, []      # its grammar, if any, is freed with it
+            printer.trace(job.index, lines.split(job, seq_ctx))
             printer.finished(job)
             if progress:
                 progress(printer.count, created, "")
@@ -158,12 +172,16 @@ def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool) 
 
 
 class _Lines:
-    """How map turns a line into its job: the template, sampling, limits and grammar."""
+    """How map turns a line into its job: the template, sampling, limits and grammar; and, for a
+    thinking model, its trace told apart from its answer once it is done."""
 
     def __init__(self, template: str, params, limits, *, system: str | None, raw: bool,
-                 gbnf: str | None) -> None:
+                 gbnf: str | None, think=None) -> None:
+        from localinfer.thinking.style import Think
         self.template, self.params, self.limits = template, params, limits
         self.system, self.raw, self.gbnf = system, raw, gbnf
+        self.think = think or Think()
+        self.styles: dict[int, object] = {}    # a thinking model's lines under way: their Style
 
     def job(self, session, line: str, index: int):
         from dataclasses import replace
@@ -177,13 +195,45 @@ class _Lines:
             prompt = self.tokens(session, line)
         except LocalinferError as e:    # e.g. the chat template refuses this line: it alone fails
             return Job([], make_sampler(params), self.limits, index=index, error=str(e))
-        sampler = _constrained(params, session, self.gbnf) if self.gbnf else make_sampler(params)
-        return Job(prompt, sampler, self.limits, index=index)
+        from localinfer.thinking import setup
+        style = setup.style_of(session, prompt, self.raw)
+        if style is None:           # no trace: as before thinking models
+            sampler = _constrained(params, lambda: session.grammar(self.gbnf)) if self.gbnf \
+                else make_sampler(params)
+            return Job(prompt, sampler, self.limits, index=index)
+        self.styles[index] = style
+        shown = setup.shown_markers(session, style)
+        limits = replace(self.limits, shown=shown) if shown else self.limits
+        if self.gbnf or self.think.budget is not None:
+            # The gate frees the trace, ends it at the budget and keeps the answer to the grammar.
+            sampler = _constrained(params, lambda: setup.gate_for(
+                session, style, self.think, session.grammar(self.gbnf) if self.gbnf else None))
+        else:
+            sampler = make_sampler(params)
+        return Job(prompt, sampler, limits, index=index)
+
+    def split(self, job, seq_ctx: int) -> str | None:
+        """A finished job of a thinking model: its text made the answer alone, and an answer
+        that never started (-n, the context or the model's end inside the trace) made the
+        line's error. Returns the trace (None: the model writes none)."""
+        style = self.styles.pop(job.index, None)
+        if style is None:
+            return None
+        from localinfer.cli.thinking import no_answer
+        from localinfer.thinking.split import ANSWER, REASONING, splitter
+        cut = splitter(style)
+        parts = cut.feed(job.text) + cut.flush()
+        job.text = "".join(p.text for p in parts if p.kind == ANSWER)
+        finish = job.stats.finish_reason
+        if job.error is None and cut.in_trace and finish in ("length", "context", "stop"):
+            job.error = no_answer(finish, self.limits.max_tokens, seq_ctx)
+        return "".join(p.text for p in parts if p.kind == REASONING)
 
     def tokens(self, session, line: str) -> list[int]:
         from localinfer.engine.prompt import PromptText, prompt_tokens
         text = self.template.replace(PLACEHOLDER, line)
-        return prompt_tokens(session, PromptText(text, 0, self.system, self.raw))
+        return prompt_tokens(session, PromptText(text, 0, self.system, self.raw,
+                                                 think=self.think.think))
 
     def prefix(self, session, first_line: str) -> list[int]:
         """The tokens every line's prompt starts with, known before the lines are: where the
@@ -206,15 +256,16 @@ class _Lines:
 _PROBES = ("A", "7")
 
 
-def _constrained(params, session, gbnf: str):
-    """A constrained sampler whose grammar is made when its line's answer starts (and dropped
-    when it ends): a grammar's parse state for every line of a long input at once is memory."""
+def _constrained(params, grammar):
+    """A constrained sampler whose grammar (`grammar()` makes it) is made when its line's answer
+    starts (and dropped when it ends): a grammar's parse state for every line of a long input at
+    once is memory."""
     from localinfer.engine.constrain import ConstrainedSampler
     made = []
 
     def sample(logits, history) -> int:
         if not made:
-            made.append(ConstrainedSampler(params, session.grammar(gbnf)))
+            made.append(ConstrainedSampler(params, grammar()))
         return made[0](logits, history)
     return sample
 
@@ -233,15 +284,21 @@ class _InOrder:
     """Prints each answer once every line before it is printed: input order, as they finish.
     Holds only the lines read but not printed yet (the finished ones waiting for an earlier one)."""
 
-    def __init__(self, jsonl: bool) -> None:
-        self.jsonl = jsonl
+    def __init__(self, jsonl: bool, show_trace: bool = False) -> None:
+        self.jsonl, self.show_trace = jsonl, show_trace
         self.inputs: dict[int, str] = {}            # the lines --jsonl echoes, until printed
         self.ready: dict[int, object] = {}
+        self.traces: dict[int, str] = {}            # a thinking model's traces, until printed
         self.next = self.count = self.failed = 0    # printed, finished, failed
 
     def read(self, index: int, line: str) -> None:
         if self.jsonl:
             self.inputs[index] = line
+
+    def trace(self, index: int, trace: str | None) -> None:
+        """A thinking model's trace of a line about to finish (None: the model writes none)."""
+        if trace is not None:
+            self.traces[index] = trace
 
     def finished(self, job) -> None:
         self.ready[job.index] = job
@@ -253,17 +310,32 @@ class _InOrder:
         sys.stdout.flush()
 
     def _print(self, job) -> None:
+        trace = self.traces.pop(job.index, None)
         if self.jsonl:
             record = {"input": self.inputs.pop(job.index)}
             record |= {"error": job.error} if job.error else \
                 {"answer": job.text, "finish_reason": job.stats.finish_reason}
+            if trace is not None:           # a thinking model's: beside the answer, as run --json
+                record["reasoning"] = trace
             sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
             return
+        if trace and self.show_trace:
+            _show_trace(job.index, trace)
         if job.error:
             console.warn(f"line {job.index + 1}: {job.error}")
             sys.stdout.write("\n")          # its place kept: line N of the output is line N's
             return
         sys.stdout.write(job.text.strip().replace("\\", "\\\\").replace("\n", "\\n") + "\n")
+
+
+def _show_trace(index: int, trace: str) -> None:
+    """A line's trace on stderr (--show-thinking), headed by its line, before its answer prints;
+    dimmed on a terminal."""
+    import os
+    dim = console.interactive(sys.stderr) and not os.environ.get("NO_COLOR")
+    body = f"\x1b[2m{trace}\x1b[0m" if dim else trace
+    sys.stderr.write(f"line {index + 1}, thinking:\n{body}\n\n")
+    sys.stderr.flush()
 
 
 _END = object()        # the reading thread is done

@@ -35,6 +35,9 @@ ARCHITECTURES = ("qwen3", "qwen3moe", "gpt-oss")
 SHAPES = {"qwen3": Shape(layers=8, n_ff=3072), "qwen3moe": Shape(layers=6),
           "gpt-oss": Shape(layers=6)}
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# gpt-oss's harmony markers, control tokens of its vocabulary as in the published GGUFs.
+HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+           "<|constrain|>")
 MERGES = ("Ġ t", "h e", "Ġt he", "i n", "e r", "a n", "o n", "Ġ a")
 
 
@@ -52,9 +55,10 @@ def byte_tokens() -> list[str]:
     return [shifted[b] for b in range(256)]
 
 
-def vocabulary() -> tuple[list[str], list[int]]:
-    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + list(SPECIALS)
-    types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)   # normal, control
+def vocabulary(arch: str = "qwen3") -> tuple[list[str], list[int]]:
+    specials = SPECIALS + (HARMONY if arch == "gpt-oss" else ())
+    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + list(specials)
+    types = [1] * (len(tokens) - len(specials)) + [3] * len(specials)   # normal, control
     return tokens, types
 
 
@@ -66,8 +70,8 @@ def write_tiny(path: Path, arch: str, shape: Shape | None = None, *, seed: int =
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     _hparams(w, arch, shape)
-    _tokenizer(w)
-    tokens, _ = vocabulary()
+    _tokenizer(w, arch)
+    tokens, _ = vocabulary(arch)
     _Tensors(w, rng).model(arch, shape, len(tokens))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -95,16 +99,21 @@ def _hparams(w: GGUFWriter, arch: str, s: Shape) -> None:
         w.add_sliding_window(s.window)
 
 
-def _tokenizer(w: GGUFWriter) -> None:
-    tokens, types = vocabulary()
+def _tokenizer(w: GGUFWriter, arch: str) -> None:
+    tokens, types = vocabulary(arch)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(list(MERGES))
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(False)
+    if arch == "gpt-oss":     # harmony: its published template, <|return|> ends the reply
+        from chat_templates import GPT_OSS_20B
+        w.add_eos_token_id(tokens.index("<|return|>"))
+        w.add_chat_template(GPT_OSS_20B)
+        return
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
                         "<|im_start|>assistant\n{% endif %}")

@@ -17,14 +17,16 @@ from localinfer.cli.options import (CONTEXT, SERVER, backend_option, cpu_moe_opt
                                     engine_log, fit_options,
                                     gpu_layers_option, kv_type_option, memory_option,
                                     min_p_option, offline_option, quant_option,
-                                    repeat_penalty_option, reporter, seed_option, system_option,
-                                    temp_option, threads_option, top_k_option, top_p_option,
-                                    verbose_option)
+                                    no_think_option, repeat_penalty_option, reporter,
+                                    seed_option, system_option, temp_option,
+                                    think_budget_option, think_option, think_settings,
+                                    threads_option, top_k_option, top_p_option, verbose_option)
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
-    from localinfer.engine.sampling import SamplingParams
     from localinfer.fit.options import FitOptions
+    from localinfer.server.requests import Defaults
+    from localinfer.thinking.style import Think
 
 DEFAULT_MODEL = "smollm2"
 KEY_ENV = "LOCALINFER_API_KEY"
@@ -67,6 +69,9 @@ def serve(
     seed: Optional[int] = seed_option("Seed of every request that sets none (the same request "
                                       "then gets the same answer); -1 or none: a new draw each "
                                       "request."),
+    think: Optional[str] = think_option(),
+    no_think: bool = no_think_option(),
+    think_budget: Optional[int] = think_budget_option(),
     ctx: int = ctx_option(0, 0, "Context the requests share, one of them may use it all; 0 = "
                           "the model's trained context, as far as the memory budget allows."),
     quant: str = quant_option(),
@@ -84,7 +89,9 @@ def serve(
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models).
 
-    The sampling options and --system are the defaults of requests that do not set their own.
+    The sampling, --system and thinking options are the defaults of requests that set none.
+
+    A thinking model's trace comes back as reasoning_content (and reasoning), apart from content.
 
     \b
     Examples:
@@ -97,13 +104,16 @@ def serve(
     if not guard.is_loopback(host) and not key:
         raise UsageError(f"listening on {host} needs --api-key (or {KEY_ENV}): anyone who can "
                          "reach it could use the model")
-    params = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed)    # refused before loading
+    # refused before loading
+    defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
+                         think_settings(think, no_think, think_budget))
     from localinfer.server import listen
     sock = listen.bind(host, port)      # a port in use is one line now, not after the load
     try:
         _serve(sock, model, host=host, port=port, parallel=parallel, queue=queue, key=key,
                cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
-               request_timeout=request_timeout, params=params, system=system, verbose=verbose,
+               request_timeout=request_timeout, verbose=verbose,
+               defaults=defaults,
                fit=fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                                gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe),
                load=dict(threads=threads, engine_log=engine_log(verbose), backend=backend),
@@ -113,27 +123,26 @@ def serve(
 
 
 def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int, key, cors,
-           hosts, request_timeout: float, params: SamplingParams, system: str | None,
-           verbose: int, fit: FitOptions, load: dict, use_cache: bool) -> None:
+           hosts, request_timeout: float, defaults: Defaults, verbose: int, fit: FitOptions,
+           load: dict, use_cache: bool) -> None:
     """Load the model, then answer requests on `sock` until a stop is asked for."""
     from localinfer.cache import prompt_cache
     from localinfer.pipeline import load as pipeline
     from localinfer.engine.prompt import uses_chat_template
     from localinfer.server import guard, listen
     from localinfer.server.api import Served, make_app
-    from localinfer.server.requests import Defaults
     from localinfer.server.worker import Worker
     report = reporter()
     ref, batch = pipeline.open_batch(pipeline.name(model, fit, report), fit, report,
                                      parallel=parallel, shared=True, **load)
     try:
-        if system is not None and not uses_chat_template(batch.session, False):
+        if defaults.system is not None and not uses_chat_template(batch.session, False):
             console.warn("this model has no chat template; --system is ignored")
         worker = Worker(batch, parallel + queue,
                         prompt_cache.open_for(batch.session, enabled=use_cache), batch.n_ctx)
         names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))
         served = Served(worker, batch.session, names, batch.n_ctx, key, hosts, port,
-                        console.error, request_timeout, Defaults(params, system),
+                        console.error, request_timeout, defaults,
                         request_log=console.note if verbose else None)
         console.note(f"serving {names[0]} on http://{_url_host(host)}:{port}/v1 ({parallel} at "
                      f"a time, {batch.n_ctx:,} tokens of context between them)")
@@ -147,10 +156,12 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
 
 
 def _defaults(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-              seed: int | None) -> SamplingParams:
+              seed: int | None, system: str | None, think: Think) -> Defaults:
+    """What requests that do not say get: sampling, system message, thinking."""
     from localinfer.engine.sampling import SamplingParams
-    return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=seed)
+    from localinfer.server.requests import Defaults
+    return Defaults(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                   repeat_penalty=repeat_penalty, seed=seed), system, think)
 
 
 def _url_host(host: str) -> str:

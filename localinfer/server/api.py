@@ -31,9 +31,9 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from localinfer.engine.scheduler import Job
-from localinfer.server import access, guard
-from localinfer.server.requests import (BODY_SECONDS, BadRequest, Defaults, Prepared, error,
-                                        prepare, read_body)
+from localinfer.server import access, guard, reasoning
+from localinfer.server.errors import BadRequest, error
+from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, prepare, read_body
 
 _FINISH = {"stop": "stop", "length": "length", "context": "length"}
 _CLOSING = object()         # in a request's events: the server is stopping
@@ -203,7 +203,7 @@ class _Reply:
     def __init__(self, model: str, chat: bool, prepared: Prepared,
                  log: Callable[[str], None]) -> None:
         self.model, self.chat, self.job, self.log = model, chat, prepared.job, log
-        self.constrained = prepared.constrained
+        self.constrained, self.style = prepared.constrained, prepared.style
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
@@ -233,16 +233,17 @@ class _Reply:
 
     def whole(self) -> dict:
         text = self.job.text
-        choice = {"message": {"role": "assistant", "content": text}} if self.chat else \
+        choice = {"message": reasoning.message(self.style, text)} if self.chat else \
             {"text": text, "logprobs": None}
         return self._envelope({**choice, "finish_reason": self._finish()}, usage=self._usage())
 
-    def _piece(self, text: str | None, finish: str | None) -> str:
+    def _piece(self, delta: dict | None, finish: str | None) -> str:
+        """One event: a chat's `delta` (content, or a thinking model's trace fields), or a
+        completion's text."""
         if self.chat:
-            choice = {"delta": {"content": text} if text is not None else {},
-                      "finish_reason": finish}
+            choice = {"delta": delta or {}, "finish_reason": finish}
         else:
-            choice = {"text": text or "", "finish_reason": finish}
+            choice = {"text": (delta or {}).get("content", ""), "finish_reason": finish}
         body = self._envelope(choice)
         if not self.chat:
             body["object"] = "text_completion"
@@ -252,6 +253,7 @@ class _Reply:
 
     async def stream(self, events: asyncio.Queue):
         """The data of each server-sent event."""
+        deltas = reasoning.Deltas(self.style if self.chat else None)
         if self.chat:
             yield json.dumps(self._envelope(
                 {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
@@ -260,10 +262,13 @@ class _Reply:
                 self.job.cancelled = True
                 yield error(_SHUTTING_DOWN, 503, code="server_shutting_down").body.decode()
                 return
-            yield self._piece(text, None)
+            for delta in deltas.feed(text):
+                yield self._piece(delta, None)
         failed = self.failure()
         if failed is not None:          # the stream has begun: an error event, as OpenAI's
             yield failed.body.decode()
             return
+        for delta in deltas.flush():    # what the splitter held back for a marker
+            yield self._piece(delta, None)
         yield self._piece(None, self._finish())
         yield "[DONE]"

@@ -20,7 +20,7 @@ import hmac
 import ipaddress
 from typing import Callable
 
-from localinfer.server.requests import error
+from localinfer.server.errors import error
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 HEADER_SECONDS = 30.0

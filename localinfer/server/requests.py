@@ -7,7 +7,8 @@ documents (numbers compared exactly: a 400-digit integer is out of range, not an
 n = 1, a bounded number of messages and a prompt that fits what a request may use. The parse and
 the job's making (template, tokens, a schema's grammar) run in a worker thread, off the event loop.
 What a request leaves out (or sends as null) takes the server's defaults: `serve`'s sampling
-options, and its --system for a chat that has no system message.
+options, its --system for a chat that has no system message, and its --think and --think-budget
+(a thinking model's own fields are server/reasoning.py's).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
 
+from localinfer.backends import Grammar
 from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Limits
 from localinfer.engine.prompt import chat_tokens, raw_tokens, uses_chat_template
@@ -28,6 +29,10 @@ from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
+from localinfer.server import reasoning
+from localinfer.server.errors import BadRequest
+from localinfer.thinking import setup
+from localinfer.thinking.style import Style, Think
 
 MAX_BODY = 4 << 20            # bytes of one request body
 BODY_SECONDS = 30.0           # to send the whole body once the headers are in
@@ -38,31 +43,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _TEMPLATE_ADVICE = "; use --raw to skip it"    # the CLI's way out; /v1/completions is the API's
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None, headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.param, self.status, self.code, self.headers = param, status, code, headers
-
-    def response(self) -> JSONResponse:
-        return error(str(self), self.status, param=self.param, code=self.code,
-                     headers=self.headers)
-
-
-def error(message: str, status: int, *, param=None, code=None, headers=None) -> JSONResponse:
-    kind = "server_error" if status >= 500 else {
-        401: "authentication_error", 403: "permission_error",
-        429: "rate_limit_error"}.get(status, "invalid_request_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": code}}, status_code=status, headers=headers)
-
-
 @dataclass(frozen=True)
 class Defaults:
-    """What a request that does not say gets: the server's sampling and system message."""
+    """What a request that does not say gets: the server's sampling, system message and
+    thinking."""
 
     params: SamplingParams = field(default_factory=SamplingParams)
     system: str | None = None
+    think: Think = Think()        # --think and --think-budget
 
 
 @dataclass
@@ -70,6 +58,7 @@ class Prepared:
     job: Job
     stream: bool
     constrained: _OwnFailure | None     # the request's grammar: a dead end is its own error
+    style: Style | None = None          # a thinking model's trace, told apart in the reply
 
 
 class _OwnFailure:
@@ -183,24 +172,34 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
         raise BadRequest("'stream' must be true or false", "stream")
     stops = _stops(body.get("stop"))
     schema = _response_schema(body.get("response_format"))
-    tokens = _tokens(body, session, chat=chat, system=defaults.system)
+    tokens = _tokens(body, session, chat=chat, defaults=defaults)
     if len(tokens) >= request_ctx:
         raise BadRequest(f"the prompt is {len(tokens):,} tokens; a request here may use "
                          f"{request_ctx:,}", "messages" if chat else "prompt",
                          code="context_length_exceeded")
-    constrained = None if schema is None else _constrained(params, schema, session)
+    # A chat with a thinking model: its trace told apart, a budget or a schema gating the answer
+    style = setup.style_of(session, tokens, raw=False) if chat else None
+    grammar = None if schema is None else _grammar(schema, session)
+    budget = _number(body, "thinking_budget", int, defaults.think.budget, 0, 10**7) \
+        if chat else None
+    grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
+    constrained = None if grammar is None else _OwnFailure(ConstrainedSampler(params, grammar))
     sampler = make_sampler(params) if constrained is None else constrained
-    return Prepared(Job(tokens, sampler, Limits(limit, stops)), stream, constrained)
+    limits = Limits(limit, stops, shown=setup.shown_markers(session, style))
+    return Prepared(Job(tokens, sampler, limits), stream, constrained, style)
 
 
-def _tokens(body: dict, session, *, chat: bool, system: str | None = None) -> list[int]:
+def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults()) -> list[int]:
     if chat:
-        messages = _messages(body.get("messages"))
+        template = session.chat_template or ""
+        messages = _messages(body.get("messages"), template, session)
         if not uses_chat_template(session, False):
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
-        if system is not None and not any(m["role"] == "system" for m in messages):
-            messages = [{"role": "system", "content": system}, *messages]
-        return chat_tokens(session, messages)
+        if defaults.system is not None and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": defaults.system}, *messages]
+        tokens = chat_tokens(session, messages,
+                             reasoning.template_vars(body, template, defaults.think))
+        return tokens + setup.empty_trace_tokens(session, tokens, defaults.think.think)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("'prompt' must be a non-empty string", "prompt")
@@ -246,19 +245,18 @@ def _response_schema(response_format) -> dict | None:
                      "response_format")
 
 
-def _constrained(params: SamplingParams, schema, session) -> _OwnFailure:
+def _grammar(schema, session) -> Grammar:
     """The same check and grammar as `run --json-schema` (llama.cpp's own parse of the
     converter's grammar is left to the grammar sampler: the check's stderr capture would take
     the server's own log lines with it)."""
     try:
-        gbnf = from_schema(schema, "response_format", check_parse=False).gbnf
-        return _OwnFailure(ConstrainedSampler(params, session.grammar(gbnf)))
+        return session.grammar(from_schema(schema, "response_format", check_parse=False).gbnf)
     except (LocalinferError, RecursionError) as e:        # a UsageError is one too
         reason = str(e) if isinstance(e, LocalinferError) else "the schema nests too deeply"
         raise BadRequest(reason, "response_format") from None
 
 
-def _messages(messages) -> list[dict[str, str]]:
+def _messages(messages, template: str = "", session=None) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     if len(messages) > MAX_MESSAGES:
@@ -277,7 +275,8 @@ def _messages(messages) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", "messages")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content,
+                    **reasoning.earlier_trace(m, i, template, session)})
     return out
 
 

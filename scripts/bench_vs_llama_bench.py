@@ -34,6 +34,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -134,6 +135,32 @@ def cmake_build(source: Path, build: Path, jobs: int, extra_options: tuple[str, 
     run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *extra_options])
     run_logged(["cmake", "--build", str(build), "--config", "Release",
                 "--target", "llama-bench", "-j", str(jobs)])
+
+
+# llama_print_system_info()'s CPU features -> the ggml cmake option that compiles them in.
+WHEEL_FEATURES = {"AVX": "GGML_AVX", "AVX_VNNI": "GGML_AVX_VNNI", "AVX2": "GGML_AVX2",
+                  "F16C": "GGML_F16C", "FMA": "GGML_FMA", "BMI2": "GGML_BMI2",
+                  "AVX512": "GGML_AVX512", "AVX512_VBMI": "GGML_AVX512_VBMI",
+                  "AVX512_VNNI": "GGML_AVX512_VNNI", "AVX512_BF16": "GGML_AVX512_BF16",
+                  "AMX_INT8": "GGML_AMX_INT8", "LLAMAFILE": "GGML_LLAMAFILE",
+                  "OPENMP": "GGML_OPENMP"}
+
+
+def wheel_cpu_options() -> tuple[str, ...]:
+    """cmake options that compile llama-bench for the CPU features the installed wheel was built
+    with, instead of -march=native: both sides then run the same instruction sets, and a CPU
+    that reports a feature its hypervisor does not enable (AMX tiles in some VMs: SIGILL in a
+    native build) does not break the build's binary."""
+    import llama_cpp
+    info = llama_cpp.llama_print_system_info().decode()
+    found = dict(re.findall(r"(\w+) = (\d)", info))
+    options = {option: found.get(name) == "1" for name, option in WHEEL_FEATURES.items()}
+    # No AMX: llama-bench's repacked AMX buffers run tile loads that fault (SIGILL) where the
+    # CPU reports AMX but the VM leaves it off (measured here: tileloadd in libggml-cpu), and the
+    # wheel, loaded through llama-cpp-python, runs its matrix products without them.
+    options["GGML_AMX_INT8"] = options["GGML_AMX_TILE"] = options["GGML_AMX_BF16"] = False
+    return ("-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if on else 'OFF'}"
+                                   for option, on in options.items()))
 
 
 def ensure_llama_bench(build_dir: Path, version: str, jobs: int,
@@ -409,7 +436,8 @@ def run(args: argparse.Namespace) -> None:
     """Build llama-bench if needed, benchmark every model, print results."""
     version = args.llama_cpp_version or installed_llama_cpp_version()
     build_dir = args.build_dir or CACHE_ROOT / f"llama.cpp-{version}"
-    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs)
+    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs,
+                                     wheel_cpu_options(), build_name="build-wheel-cpu")
     if args.build_only:
         print(llama_bench)
         return

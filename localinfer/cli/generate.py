@@ -135,6 +135,8 @@ def run(
     if generation.stats.finish_reason == "context":
         console.note(f"the reply stopped at the end of the context ({session.n_ctx:,} tokens); "
                      "-n N sizes the context for a longer one (or --ctx N)")
+    if generation.stats.closed_at >= 0:
+        console.note(shell.closed_early(generation.stats, max_tokens, session.n_ctx))
 
 
 def chat(

@@ -317,7 +317,18 @@ def format_stats(stats, loaded: LoadedModel) -> str:
             f"prompt: {counted(stats.prompt_tokens, 'token')}{cached} · ttft {stats.ttft_s * 1000:.0f} ms · "
             f"prefill {stats.prefill_tps:.1f} t/s\n"
             f"reply: {counted(stats.generated_tokens, 'token')} · decode {stats.decode_tps:.1f} t/s "
-            f"({stats.finish_reason})")
+            f"({stats.finish_reason})"
+            + (f"\nschema: closed early to fit the limit (its last "
+               f"{counted(stats.closed_tokens, 'token')})" if stats.closed_at >= 0 else ""))
+
+
+def closed_early(stats, max_tokens: int, n_ctx: int) -> str:
+    """The note for an answer the budget narrowed to close its document in time."""
+    by_n = 0 < max_tokens <= n_ctx - stats.prompt_tokens + 1
+    limit = f"-n {max_tokens}" if by_n else f"the context ({n_ctx:,} tokens)"
+    more = "a larger -n" if by_n else "-n N or --ctx N"
+    return (f"the answer was cut to fit {limit}: its last {counted(stats.closed_tokens, 'token')} "
+            f"closed the document early; {more} gives the model room to finish it")
 
 
 def _stdin_limit(limit: int | None) -> int:

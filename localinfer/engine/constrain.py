@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from localinfer.backends import Grammar
+from localinfer.engine import closing
 from localinfer.engine.sampling import (FAR_BELOW, SamplingParams, apply_repeat_penalty,
                                         candidate_probs, make_sampler)
 from localinfer.errors import LocalinferError
@@ -101,13 +102,21 @@ class Constraint:
 
 
 class ConstrainedSampler:
-    """A sampler (as make_sampler's) whose tokens the grammar allows; it moves the grammar on."""
+    """A sampler (as make_sampler's) whose tokens the grammar allows; it moves the grammar on.
+
+    Handed the Emitter's history, it learns at its first token how many tokens the reply may
+    have and narrows the grammar to close the document within them (engine/closing.py)."""
 
     def __init__(self, params: SamplingParams, grammar: Grammar) -> None:
         self.constraint, self.grammar = Constraint(params), grammar
         self.picked = 0
 
     def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        if self.picked == 0:
+            emitter = getattr(history, "emitter", None)
+            if emitter is not None and not emitter.tokens:
+                self.grammar = closing.fit(self.grammar, emitter.session, emitter.room(),
+                                           emitter.stats)
         token = self.constraint.choose(logits, history, self.grammar)
         self.grammar.accept(token)
         self.picked += 1

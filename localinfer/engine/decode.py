@@ -27,6 +27,14 @@ class Stats:
     generated_tokens: int = 0
     finish_reason: str = ""       # "stop" (end of generation or stop string), "length", "context"
     load_s: float = 0.0
+    # A grammar's answer narrowed to close in the tokens left (engine/closing.py): the index of the
+    # first token so chosen, else -1.
+    closed_at: int = -1
+
+    @property
+    def closed_tokens(self) -> int:
+        """Tokens written since the budget narrowed the answer to close in time (0: it did not)."""
+        return self.generated_tokens - self.closed_at if self.closed_at >= 0 else 0
 
     @property
     def prefill_tps(self) -> float:
@@ -49,7 +57,8 @@ class Stats:
             "decode_tps": round(self.decode_tps, 2),
             "generated_tokens": self.generated_tokens,
             "finish_reason": self.finish_reason,
-        }
+        } | ({"closed_early": True, "closed_tokens": self.closed_tokens}
+             if self.closed_at >= 0 else {})
 
 
 class StopMatcher:
@@ -95,6 +104,13 @@ class Limits:
     shown: Mapping[int, bytes] = field(default_factory=dict)
 
 
+class History(list):
+    """The tokens a sampler looks back over (prompt and output), and the Emitter writing them: a
+    constrained sampler learns from it how many tokens are left (engine/closing.py)."""
+
+    emitter: Emitter | None = None
+
+
 class Emitter:
     """Turns chosen tokens into text pieces and figures, and says when generation ends.
 
@@ -106,7 +122,9 @@ class Emitter:
         self.session, self.limits, self.stats = cache.session, limits, stats
         self.n_prompt = len(prompt)
         self.tokens: list[int] = []
-        self.history = list(prompt)    # the repeat penalty looks back over prompt and output alike
+        # The repeat penalty looks back over prompt and output alike.
+        self.history = History(prompt)
+        self.history.emitter = self
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = StopMatcher(limits.stop)
         self._start = time.perf_counter()
@@ -145,6 +163,13 @@ class Emitter:
             stats.finish_reason = "context"
             return text, True
         return text, False
+
+    def room(self) -> int:
+        """Tokens it may still take before -n or the context ends the reply (the next included)."""
+        room = self.session.n_ctx - self.n_prompt + 1 - len(self.tokens)
+        if self.limits.max_tokens > 0:
+            room = min(room, self.limits.max_tokens - len(self.tokens))
+        return room
 
     def tail(self) -> str:
         """Text held back for a possible stop string, and an unfinished character; none after a

@@ -69,6 +69,18 @@ class _SeqView:
     def piece(self, token: int) -> bytes:
         return self._s.piece(token)
 
+    # What a constrained sampler asks to narrow its grammar as the reply's room runs out.
+    @property
+    def base(self):
+        return self._s
+
+    @property
+    def eos_token(self) -> int | None:
+        return self._s.eos_token
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return self._s.tokenize(text, special=special)
+
 
 @dataclass
 class _Running:

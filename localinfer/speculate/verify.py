@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from localinfer.backends import Grammar
+from localinfer.engine import closing
 from localinfer.engine.constrain import Constraint
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.kv import KVCache
@@ -148,6 +149,8 @@ class SpeculativeGeneration:
     def __iter__(self) -> Iterator[str]:
         emit = Emitter(self.cache, self.prompt, self.limits, self.stats)
         self.tokens, self.history = emit.tokens, emit.history
+        if self.grammar is not None:       # as ConstrainedSampler narrows it in plain decoding
+            self.grammar = closing.fit(self.grammar, self.cache.session, emit.room(), self.stats)
         logits, cached = self.cache.prefill(self.prompt)
         self.drafter.prepare(self.prompt)
         emit.prefilled(cached)

@@ -1,0 +1,243 @@
+"""A constrained answer always completes (issue 28 §1): when the tokens left are just enough to
+close the document, decoding is narrowed to a closing, so a --json-schema answer is a whole, valid
+document, in run, map and serve, with and without speculation. The failure it mends is
+reproduced first: greedy answers on both real models that loop inside a string until -n runs out."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import jsonschema
+import numpy as np
+import openai
+import pytest
+from chat_templates import QWEN3_THINKING_2507
+from helpers import (GEMMA, MODELS_HOME, SMOLLM, free_port, load_file, prompt_tokens, run_cli,
+                     smollm_wearing)
+
+from localinfer.backends import LoadOptions
+from localinfer.engine import closing
+from localinfer.engine.constrain import ConstrainedSampler
+from localinfer.engine.decode import Generation, Limits
+from localinfer.engine.kv import KVCache
+from localinfer.engine.sampling import SamplingParams
+from localinfer.engine.structured import from_schema
+
+pytestmark = pytest.mark.usefixtures("in_models_home")
+GREEDY = SamplingParams(temperature=0)
+FRUITS = {"type": "object", "required": ["fruits"],
+          "properties": {"fruits": {"type": "array", "items": {"type": "string"}}}}
+CITY = {"type": "object", "required": ["city", "population"],
+        "properties": {"city": {"type": "string"}, "population": {"type": "string"}}}
+PERSON = {"type": "object", "required": ["name", "age", "city", "languages", "employed"],
+          "properties": {"name": {"type": "string", "maxLength": 40},
+                         "age": {"type": "integer"},
+                         "city": {"type": "string", "maxLength": 30},
+                         "languages": {"type": "array", "minItems": 1, "maxItems": 3,
+                                       "items": {"type": "string", "enum": ["en", "fr", "de"]}},
+                         "employed": {"type": "boolean"},
+                         "height": {"type": "number"}}}
+# Greedy answers that loop inside the document until -n 96 runs out (measured on 0.3.36).
+LOOPS = [(SMOLLM, "smollm", FRUITS, "List three fruits.", '"mango", "mango", "mango"'),
+         (GEMMA, "gemma", CITY, "A person in JSON:", '"population":"100000000000000000')]
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    loaded = load_file(smollm_path, LoadOptions(n_ctx=512), "llama.cpp")
+    yield loaded
+    loaded.session.close()
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    loaded = load_file(gemma_path, LoadOptions(n_ctx=512), "llama.cpp")
+    yield loaded
+    loaded.session.close()
+
+
+def _valid(text: str, schema: dict) -> dict:
+    document = json.loads(text)
+    jsonschema.validate(document, schema)
+    return document
+
+
+def _closing(session, schema: dict, prefix: str = "") -> tuple[str, int]:
+    """The walk's closing from the grammar after `prefix`: its text and its length in tokens."""
+    grammar = session.grammar(from_schema(schema, "test").gbnf)
+    for token in session.tokenize(prefix, special=False):
+        grammar.accept(token)
+    spell = closing.speller(session)
+    probe = np.array([session.eos_token, *spell.chars], dtype=np.int32)
+    path = closing.walk(grammar, probe, closing.MAX_WALK)
+    grammar.close()
+    assert path is not None
+    text = "".join(spell.char_of[t] for t in path)
+    return text, len(spell.spell(text))
+
+
+def _generate(loaded, schema: dict, text: str, max_tokens: int) -> tuple[str, Generation]:
+    grammar = loaded.session.grammar(from_schema(schema, "test").gbnf)
+    generation = Generation(KVCache(loaded.session, None), prompt_tokens(loaded, text),
+                            ConstrainedSampler(GREEDY, grammar), Limits(max_tokens))
+    return "".join(generation), generation
+
+
+# -- the closing itself ---------------------------------------------------------------------------
+@pytest.mark.parametrize("schema, prefix, closed", [
+    (PERSON, "", '{"name":"","age":0,"city":"","languages":["fr"],"employed":true}'),
+    (PERSON, '{"name": "Bob', '","age":0,"city":"","languages":["fr"],"employed":true}'),
+    (PERSON, '{"name": "Bob", "age": 12', ',"city":"","languages":["fr"],"employed":true}'),
+    (FRUITS, '{"fruits": ["frui-frui-frui', '"]}'),
+    ({"type": "object", "properties": {"x": {"type": "number"}}}, '{"x": 1000', "}"),
+    ({"type": "array", "minItems": 2, "items": {"type": "object", "required": ["a"],
+                                                 "properties": {"a": {"type": "boolean"}}}},
+     "[", '{"a":true},{"a":true}]'),
+    ({"type": "object", "required": ["hex"],
+      "properties": {"hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}}},
+     '{"hex": "#a', '00000"}'),
+])
+def test_the_closing_writes_required_keys_with_minimal_values(smollm, gemma, schema, prefix,
+                                                              closed):
+    for loaded in (smollm, gemma):
+        text, tokens = _closing(loaded.session, schema, prefix)
+        assert text == closed
+        _valid(prefix + text, schema)
+        assert tokens <= len(text)           # spelled longest first: fewer tokens than characters
+
+
+def test_a_closing_token_leaves_one_token_less(smollm):
+    """The first token of a closing, taken, leaves the rest of it: what keeps narrowing safe."""
+    session = smollm.session
+    grammar = session.grammar(from_schema(PERSON, "test").gbnf)
+    spell = closing.speller(session)
+    probe = np.array([session.eos_token, *spell.chars], dtype=np.int32)
+    lengths = []
+    while (path := closing.walk(grammar, probe, 512)):
+        spelled = spell.spell("".join(spell.char_of[t] for t in path))
+        lengths.append(len(spelled))
+        grammar.accept(spelled[0])
+    grammar.close()
+    assert lengths == list(range(lengths[0], 0, -1))
+
+
+# -- the failure, reproduced, and mended -----------------------------------------------------------
+@pytest.mark.parametrize("model, name, schema, prompt, loop", LOOPS, ids=["smollm2", "gemma3"])
+def test_a_looping_answer_is_closed_within_n(request, monkeypatch, model, name, schema, prompt,
+                                             loop):
+    loaded = request.getfixturevalue(name)
+    with monkeypatch.context() as off:        # as before: the budget never narrows
+        off.setattr(closing, "fit", lambda grammar, *a, **k: grammar)
+        before, generation = _generate(loaded, schema, prompt, 96)
+    assert generation.stats.finish_reason == "length" and loop in before
+    with pytest.raises(ValueError):
+        json.loads(before)
+    after, generation = _generate(loaded, schema, prompt, 96)
+    _valid(after, schema)
+    assert generation.stats.closed_at > 0 and generation.stats.generated_tokens <= 96
+    # Up to where narrowing began, the answer is the model's own.
+    cut = len(loaded.session.detokenize(generation.tokens[:generation.stats.closed_at]))
+    assert after.encode()[:cut] == before.encode()[:cut]
+
+
+@pytest.mark.parametrize("model, name, schema, prompt, loop", LOOPS, ids=["smollm2", "gemma3"])
+def test_run_exits_0_with_a_valid_document_at_every_n(request, model, name, schema, prompt, loop):
+    """From the closing's own length (the fewest tokens that can hold a document) up: exit 0, a
+    valid document, a note on stderr, the same with --draft lookup; one token fewer fails."""
+    loaded = request.getfixturevalue(name)
+    _, least = _closing(loaded.session, schema)
+    args = ("run", model, prompt, "--json-schema", json.dumps(schema), "--temp", "0", "--offline")
+    for n in (least, least + 3, 24, 96):
+        plain = run_cli(*args, "-n", str(n), "--draft", "none", "--json", "-v")
+        assert plain.returncode == 0, (n, plain.stderr)
+        record = json.loads(plain.stdout)
+        _valid(record["text"], schema)
+        assert record["generated_tokens"] <= n and record["closed_early"] is True
+        assert "schema: closed early to fit the limit" in plain.stderr
+        assert f"the answer was cut to fit -n {n}: its last " in plain.stderr
+        drafted = run_cli(*args, "-n", str(n), "--draft", "lookup")
+        assert drafted.returncode == 0, (n, drafted.stderr)
+        assert drafted.stdout == record["text"] + "\n"
+    short = run_cli(*args, "-n", str(least - 1), "--draft", "none")
+    assert short.returncode == 1 and "before its JSON document was complete" in short.stderr
+
+
+def test_an_answer_that_fits_is_untouched(smollm):
+    """Far from the budget nothing narrows: the answer that ends by itself is the same."""
+    schema = {"type": "object", "required": ["city", "country"],
+              "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+    text, generation = _generate(smollm, schema, "Paris is in France. Extract city and country.",
+                                 400)
+    assert generation.stats.closed_at == -1 and generation.stats.finish_reason == "stop"
+    assert "closed_early" not in generation.stats.as_dict()
+    n = generation.stats.generated_tokens + 1            # just room for it and the end
+    again, generation = _generate(smollm, schema, "Paris is in France. Extract city and country.",
+                                  n)
+    assert again == text and generation.stats.closed_at == -1
+
+
+def test_a_thinking_models_answer_is_closed_after_its_trace(tmp_path, models_home):
+    """The narrowing wraps the trace gate: the trace is free, the answer after it closes in time."""
+    thinking = str(smollm_wearing(QWEN3_THINKING_2507, tmp_path, "thinking"))
+    args = ("run", thinking, "List three fruits.", "--temp", "0", "--think-budget", "5",
+            "--json-schema", json.dumps(FRUITS), "--json")
+    for n in (30, 60):
+        plain = run_cli(*args, "-n", str(n), "--draft", "none")
+        assert plain.returncode == 0, plain.stderr
+        record = json.loads(plain.stdout)
+        assert record["reasoning"] and record["generated_tokens"] <= n
+        _valid(record["text"], FRUITS)
+        drafted = run_cli(*args, "-n", str(n), "--draft", "lookup")
+        assert json.loads(drafted.stdout)["text"] == record["text"]
+
+
+# -- map and serve -------------------------------------------------------------------------------
+def test_map_closes_every_line_within_n(models_home):
+    lines = "List three fruits.\nName a fruit.\nA person in JSON:\n"
+    for n in (12, 40):
+        mapped = run_cli("map", SMOLLM, "{}", "--temp", "0", "-n", str(n), "--json-schema",
+                         json.dumps(FRUITS), "--jsonl", "--offline", input=lines)
+        assert mapped.returncode == 0, mapped.stderr
+        records = [json.loads(line) for line in mapped.stdout.splitlines()]
+        assert len(records) == 3
+        for record in records:
+            _valid(record["answer"], FRUITS)
+
+
+@pytest.fixture(scope="module")
+def served(models_home):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", SMOLLM, "--offline",
+                             "--port", str(port), "--ctx", "512", "--parallel", "2"],
+                            env={**__import__("os").environ, "LOCALINFER_HOME": str(MODELS_HOME)},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+    yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
+def test_serve_closes_a_json_schema_answer_within_max_tokens(served):
+    """finish_reason stays "length" (the limit ended the reply), and the content is whole."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "fruits", "schema": FRUITS}}
+    for n in (12, 40):
+        reply = served.chat.completions.create(
+            model="smollm2-135m-instruct:Q4_1", temperature=0, max_tokens=n,
+            messages=[{"role": "user", "content": "List three fruits."}], response_format=fmt)
+        _valid(reply.choices[0].message.content, FRUITS)
+        assert reply.usage.completion_tokens <= n
+        assert reply.choices[0].finish_reason in ("length", "stop")

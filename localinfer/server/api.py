@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from localinfer.engine.scheduler import Job
-from localinfer.server import access, guard, reasoning
+from localinfer.server import access, guard, reasoning, tools
 from localinfer.server.errors import BadRequest, error
 from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, prepare, read_body
 
@@ -204,6 +204,7 @@ class _Reply:
                  log: Callable[[str], None]) -> None:
         self.model, self.chat, self.job, self.log = model, chat, prepared.job, log
         self.constrained, self.style = prepared.constrained, prepared.style
+        self.tools = prepared.tools
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
@@ -214,8 +215,9 @@ class _Reply:
         if problem is None:
             return None
         if self.constrained is not None and self.constrained.failed is not None:
-            return error(f"response_format: {self.constrained.failed}", 400,
-                         param="response_format", code="grammar_dead_end")
+            param = "tools" if self.tools is not None else "response_format"
+            return error(f"{param}: {self.constrained.failed}", 400, param=param,
+                         code="grammar_dead_end")
         self.log(f"a request failed: {problem}")
         return error(problem, 500)
 
@@ -232,10 +234,15 @@ class _Reply:
         return _FINISH.get(self.job.stats.finish_reason, "stop")
 
     def whole(self) -> dict:
-        text = self.job.text
+        text, finish = self.job.text, self._finish()
         choice = {"message": reasoning.message(self.style, text)} if self.chat else \
             {"text": text, "logprobs": None}
-        return self._envelope({**choice, "finish_reason": self._finish()}, usage=self._usage())
+        if self.chat and self.tools is not None:
+            content, calls = tools.split(self.tools, choice["message"]["content"])
+            if calls:
+                choice["message"].update(content=content, tool_calls=calls)
+                finish = "tool_calls"
+        return self._envelope({**choice, "finish_reason": finish}, usage=self._usage())
 
     def _piece(self, delta: dict | None, finish: str | None) -> str:
         """One event: a chat's `delta` (content, or a thinking model's trace fields), or a
@@ -254,6 +261,7 @@ class _Reply:
     async def stream(self, events: asyncio.Queue):
         """The data of each server-sent event."""
         deltas = reasoning.Deltas(self.style if self.chat else None)
+        calls = tools.Stream(self.tools)
         if self.chat:
             yield json.dumps(self._envelope(
                 {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
@@ -263,12 +271,27 @@ class _Reply:
                 yield error(_SHUTTING_DOWN, 503, code="server_shutting_down").body.decode()
                 return
             for delta in deltas.feed(text):
+                if "content" in delta and not (delta := _content(delta, calls.feed)):
+                    continue
                 yield self._piece(delta, None)
         failed = self.failure()
         if failed is not None:          # the stream has begun: an error event, as OpenAI's
             yield failed.body.decode()
             return
         for delta in deltas.flush():    # what the splitter held back for a marker
+            if "content" in delta and not (delta := _content(delta, calls.feed)):
+                continue
             yield self._piece(delta, None)
-        yield self._piece(None, self._finish())
+        rest, made = calls.finish()
+        if rest:
+            yield self._piece({"content": rest}, None)
+        for call in made:               # each call whole, in one delta
+            yield self._piece({"tool_calls": [call]}, None)
+        yield self._piece(None, "tool_calls" if made else self._finish())
         yield "[DONE]"
+
+
+def _content(delta: dict, feed) -> dict:
+    """A content delta with what the tool-call filter lets through now ({} when nothing)."""
+    shown = feed(delta["content"])
+    return {**delta, "content": shown} if shown else {}

@@ -29,7 +29,7 @@ from localinfer.engine.sampling import SamplingParams, make_sampler
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import reasoning
+from localinfer.server import reasoning, tools
 from localinfer.server.errors import BadRequest
 from localinfer.thinking import setup
 from localinfer.thinking.style import Style, Think
@@ -38,7 +38,7 @@ MAX_BODY = 4 << 20            # bytes of one request body
 BODY_SECONDS = 30.0           # to send the whole body once the headers are in
 MAX_DEPTH = 64                # arrays and objects inside one another (a schema's nesting too)
 MAX_MESSAGES = 4096           # in one chat request: far past any conversation a context holds
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TEMPLATE_ADVICE = "; use --raw to skip it"    # the CLI's way out; /v1/completions is the API's
 
@@ -59,6 +59,7 @@ class Prepared:
     stream: bool
     constrained: _OwnFailure | None     # the request's grammar: a dead end is its own error
     style: Style | None = None          # a thinking model's trace, told apart in the reply
+    tools: tools.Plan | None = None     # the request's tools: calls told apart in the reply
 
 
 class _OwnFailure:
@@ -172,24 +173,29 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
         raise BadRequest("'stream' must be true or false", "stream")
     stops = _stops(body.get("stop"))
     schema = _response_schema(body.get("response_format"))
-    tokens = _tokens(body, session, chat=chat, defaults=defaults)
+    plan = tools.plan(body, session.chat_template or "") if chat else None
+    if plan is not None and plan.active and schema is not None:
+        raise BadRequest("'response_format' and tool calls cannot be combined; send "
+                         "tool_choice none, or no response_format", "response_format")
+    tokens = _tokens(body, session, chat=chat, defaults=defaults, plan=plan)
     if len(tokens) >= request_ctx:
         raise BadRequest(f"the prompt is {len(tokens):,} tokens; a request here may use "
                          f"{request_ctx:,}", "messages" if chat else "prompt",
                          code="context_length_exceeded")
     # A chat with a thinking model: its trace told apart, a budget or a schema gating the answer
     style = setup.style_of(session, tokens, raw=False) if chat else None
-    grammar = None if schema is None else _grammar(schema, session)
+    grammar = tools.grammar(plan, session) if schema is None else _grammar(schema, session)
     budget = _number(body, "thinking_budget", int, defaults.think.budget, 0, 10**7) \
         if chat else None
     grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
     constrained = None if grammar is None else _OwnFailure(ConstrainedSampler(params, grammar))
     sampler = make_sampler(params) if constrained is None else constrained
     limits = Limits(limit, stops, shown=setup.shown_markers(session, style))
-    return Prepared(Job(tokens, sampler, limits), stream, constrained, style)
+    return Prepared(Job(tokens, sampler, limits), stream, constrained, style, plan)
 
 
-def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults()) -> list[int]:
+def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
+            plan: tools.Plan | None = None) -> list[int]:
     if chat:
         template = session.chat_template or ""
         messages = _messages(body.get("messages"), template, session)
@@ -197,8 +203,10 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults())
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
         if defaults.system is not None and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": defaults.system}, *messages]
-        tokens = chat_tokens(session, messages,
-                             reasoning.template_vars(body, template, defaults.think))
+        tools.check_text(session, plan, messages)
+        messages = tools.for_template(plan, messages, template)
+        tokens = chat_tokens(session, messages, {**reasoning.template_vars(
+            body, template, defaults.think), **tools.template_vars(plan)})
         return tokens + setup.empty_trace_tokens(session, tokens, defaults.think.think)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -273,10 +281,12 @@ def _messages(messages, template: str = "", session=None) -> list[dict[str, str]
                 raise BadRequest(f"messages[{i}].content: only text parts are supported",
                                  "messages")
             content = "".join(p["text"] for p in content)
+        if content is None and m["role"] == "assistant" and m.get("tool_calls"):
+            content = ""            # a turn of calls alone
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", "messages")
         out.append({"role": m["role"], "content": content,
-                    **reasoning.earlier_trace(m, i, template, session)})
+                    **reasoning.earlier_trace(m, i, template, session), **tools.history(m, i)})
     return out
 
 

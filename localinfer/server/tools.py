@@ -1,0 +1,242 @@
+"""Tool calls behind the chat API (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`).
+
+Request: each tool a function with a name and a JSON schema for its arguments, checked as
+--json-schema is (an unsupported keyword is a 400 naming it); `tool_choice` "auto" (the default
+with tools), "none", "required" or {"type": "function", "function": {"name": ...}}. History: an
+assistant turn's `tool_calls` (content may be null) and `tool` messages. Tools and history reach
+the model through its own template where it speaks a known format (engine/toolcalls.py), else
+through llama.cpp's generic format: the tools in a system message, the answer one JSON object.
+No tool's text nor a call's may spell one of the model's control tokens.
+
+Reply: `message.tool_calls` (id, type "function", function.name, function.arguments as a JSON
+string) and finish_reason "tool_calls"; streamed, the content as it comes (held back where it may
+begin a call) and each call whole in one delta.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from localinfer.engine import toolcalls
+from localinfer.engine.structured import from_schema
+from localinfer.errors import LocalinferError
+from localinfer.server.errors import BadRequest
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
+_CHOICES = "'tool_choice' must be none, auto, required or {\"type\": \"function\", " \
+           "\"function\": {\"name\": ...}}"
+
+
+@dataclass
+class Plan:
+    tools: list[dict]               # as the request sent them (checked)
+    params: dict[str, dict]         # name -> parameters schema
+    choice: str                     # "auto", "none", "required" or a tool's name
+    parallel: bool
+    format: str                     # toolcalls.HERMES or GENERIC
+
+    @property
+    def active(self) -> bool:
+        return self.choice != "none"
+
+
+def plan(body: dict, template: str) -> Plan | None:
+    """The request's tools, checked; None when it has none."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise BadRequest("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise BadRequest("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(tools, list) or not 0 < len(tools) <= MAX_TOOLS:
+        raise BadRequest(f"'tools' must be a list of 1 to {MAX_TOOLS} tools", "tools")
+    params: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise BadRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                             f"{{...}}}}", "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise BadRequest(f"tools[{i}].function.name must be 1 to 64 letters, digits, _, . "
+                             f"or -", "tools")
+        if name in params:
+            raise BadRequest(f"tools[{i}]: a second tool named '{name}'", "tools")
+        if not isinstance(fn.get("description", ""), str):
+            raise BadRequest(f"tools[{i}].function.description must be a string", "tools")
+        schema = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(schema, dict):
+            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema (an "
+                             f"object)", "tools")
+        params[name] = schema
+    if choice is None or choice in ("auto", "none", "required"):
+        choice = choice or "auto"
+    elif isinstance(choice, dict) and choice.get("type") == "function" \
+            and isinstance(choice.get("function"), dict):
+        choice = choice["function"].get("name")
+        if choice not in params:
+            raise BadRequest(f"'tool_choice' names the function '{str(choice)[:64]}', which is "
+                             f"not among 'tools'", "tool_choice")
+    else:
+        raise BadRequest(_CHOICES, "tool_choice")
+    return Plan(tools, params, choice, parallel, toolcalls.format_of(template))
+
+
+def check_text(session, plan_: Plan | None, messages: list[dict]) -> None:
+    """No tool and no call in the history spells a control token (it would become one)."""
+    texts = [] if plan_ is None else [("tools", json.dumps(plan_.tools, ensure_ascii=False))]
+    texts += [("messages", json.dumps(m["tool_calls"], ensure_ascii=False))
+              for m in messages if m.get("tool_calls")]
+    for where, text in texts:
+        if any(not session.piece(t) for t in session.tokenize(text, special=True)):
+            raise BadRequest(f"'{where}' spells one of the model's control tokens", where)
+
+
+def history(message: dict, index: int) -> dict:
+    """An earlier turn's tool fields as the template gets them: an assistant's `tool_calls`
+    (arguments as an object, as Hugging Face templates read them), a tool result's id."""
+    where = f"messages[{index}]"
+    if message["role"] == "tool":
+        ident = message.get("tool_call_id")
+        if not isinstance(ident, str):
+            raise BadRequest(f"{where}.tool_call_id must be a string", "messages")
+        name = message.get("name")
+        return {"tool_call_id": ident, **({"name": name} if isinstance(name, str) else {})}
+    calls = message.get("tool_calls")
+    if calls is None or message["role"] != "assistant":
+        return {}
+    if not isinstance(calls, list) or not calls:
+        raise BadRequest(f"{where}.tool_calls must be a non-empty list", "messages")
+    out = []
+    for k, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else None
+        except ValueError:
+            parsed = None
+        if not isinstance(fn.get("name") if fn else None, str) or not isinstance(parsed, dict):
+            raise BadRequest(f"{where}.tool_calls[{k}] needs function.name and function."
+                             f"arguments (a JSON object as a string)", "messages")
+        out.append({"id": str(call.get("id", "")), "type": "function",
+                    "function": {"name": fn["name"], "arguments": parsed}})
+    return {"tool_calls": out}
+
+
+def for_template(plan_: Plan | None, messages: list[dict], template: str) -> list[dict]:
+    """The messages the template renders: in the generic format, the tools and the answer's
+    shape in the system message, calls and results written as text for a template without
+    them."""
+    if plan_ is None or plan_.format != toolcalls.GENERIC:
+        return messages
+    out = []
+    for m in messages:
+        if m.get("tool_calls") and "tool_calls" not in template:
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"],
+                      "id": c["id"]} for c in m["tool_calls"]]
+            m = {"role": "assistant", "content": json.dumps(
+                {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]})}
+        elif m["role"] == "tool" and "tool" not in template:
+            m = {"role": "user", "content": json.dumps({"tool_response": {
+                "tool_call_id": m["tool_call_id"], "content": m["content"]}})}
+        out.append(m)
+    if not plan_.active:
+        return out
+    described = ("You can call these tools:\n" + "\n".join(
+        json.dumps(t, ensure_ascii=False) for t in plan_.tools) + "\n\n"
+        + toolcalls.GENERIC_INSTRUCTION)
+    if out and out[0]["role"] == "system":
+        return [{**out[0], "content": out[0]["content"] + "\n\n" + described}, *out[1:]]
+    return [{"role": "system", "content": described}, *out]
+
+
+def template_vars(plan_: Plan | None) -> dict:
+    """The template's `tools`: in its own format, unless the request says none."""
+    if plan_ is None or not plan_.active or plan_.format == toolcalls.GENERIC:
+        return {}
+    return {"tools": plan_.tools}
+
+
+def grammar(plan_: Plan | None, session):
+    """The grammar the reply keeps to (None: free): a call of the chosen tool(s), from the start
+    (required, a named function, the generic format) or from the format's trigger (auto)."""
+    if plan_ is None or not plan_.active:
+        return None
+    chosen = plan_.params if plan_.choice in ("auto", "required") else \
+        {plan_.choice: plan_.params[plan_.choice]}
+    if plan_.format == toolcalls.GENERIC:
+        schema = toolcalls.generic_schema(chosen, parallel=plan_.parallel,
+                                          reply=plan_.choice == "auto")
+        return session.grammar(_gbnf(schema))
+    call = toolcalls.hoisted(toolcalls.any_call(chosen), list(chosen.values()))
+    lazy = plan_.choice == "auto"
+    gbnf = toolcalls.hermes_gbnf(_gbnf(call), parallel=plan_.parallel, after_trigger=lazy)
+    g = session.grammar(gbnf)
+    return toolcalls.trigger_gate(session, toolcalls.TRIGGER, g) if lazy else g
+
+
+def _gbnf(schema: dict) -> str:
+    try:
+        return from_schema(schema, "tools", check_parse=False).gbnf
+    except (LocalinferError, RecursionError) as e:
+        reason = str(e) if isinstance(e, LocalinferError) else "a tool's schema nests too deeply"
+        raise BadRequest(reason, "tools") from None
+
+
+# -- the reply ---------------------------------------------------------------------------------
+def split(plan_: Plan | None, content: str) -> tuple[str | None, list[dict]]:
+    """The answer's content and its calls in OpenAI's shape; content None beside calls when the
+    model wrote nothing else."""
+    if plan_ is None or not plan_.active:
+        return content, []
+    text, calls = toolcalls.PARSERS[plan_.format](content)
+    calls = [(n, a) for n, a in calls if n in plan_.params]
+    if not calls:
+        return (text if plan_.format == toolcalls.GENERIC else content), []
+    return (text or None), [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                             "function": {"name": n, "arguments": json.dumps(a)}}
+                            for n, a in calls]
+
+
+class Stream:
+    """Content deltas as they come, held back where a call may begin (all of it in the generic
+    format, whose answer is one JSON object); the calls whole at the end."""
+
+    def __init__(self, plan_: Plan | None) -> None:
+        self.plan = plan_ if plan_ is not None and plan_.active else None
+        self.text, self.sent = "", 0
+
+    def feed(self, content: str) -> str:
+        if self.plan is None:
+            return content
+        self.text += content
+        if self.plan.format == toolcalls.GENERIC or self.plan.choice != "auto":
+            return ""
+        at = self.text.find(toolcalls.TRIGGER, self.sent)
+        safe = at if at >= 0 else _safe_end(self.text, self.sent)
+        out, self.sent = self.text[self.sent:safe], max(self.sent, safe)
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """The content not sent yet and the calls (with `index`, as OpenAI streams them)."""
+        if self.plan is None:
+            return "", []
+        content, calls = split(self.plan, self.text)
+        if not calls:
+            return self.text[self.sent:], []
+        rest = (content or "")[self.sent:]
+        return rest, [{"index": k, **c} for k, c in enumerate(calls)]
+
+
+def _safe_end(text: str, start: int) -> int:
+    """Where text may be sent up to: before a tail that could begin the trigger."""
+    for k in range(min(len(toolcalls.TRIGGER) - 1, len(text) - start), 0, -1):
+        if toolcalls.TRIGGER.startswith(text[-k:]):
+            return len(text) - k
+    return len(text)

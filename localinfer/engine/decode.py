@@ -26,6 +26,7 @@ class Stats:
     decode_s: float = 0.0         # from the first generated token to the last
     generated_tokens: int = 0
     finish_reason: str = ""       # "stop" (end of generation or stop string), "length", "context"
+    stop_string: str = ""         # the stop string that ended it, if one did
     load_s: float = 0.0
     # A grammar's answer narrowed to close in the tokens left (engine/closing.py): the index of the
     # first token so chosen, else -1.
@@ -67,6 +68,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.hit = ""             # the stop string reached (the earliest in the text)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was reached)."""
@@ -75,7 +77,9 @@ class StopMatcher:
         self.pending += text
         hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
         if hits:
-            out, self.pending = self.pending[:min(hits)], ""
+            at = min(hits)
+            self.hit = next(s for s in self.stops if self.pending.find(s) == at)
+            out, self.pending = self.pending[:at], ""
             return out, True
         hold = self._longest_partial_stop()
         out = self.pending[:len(self.pending) - hold]
@@ -153,7 +157,7 @@ class Emitter:
         piece = session.piece(token) or self.limits.shown.get(token, b"")
         text, self._hit_stop_string = self._stops.feed(self._utf8.decode(piece))
         if self._hit_stop_string:
-            stats.finish_reason = "stop"
+            stats.finish_reason, stats.stop_string = "stop", self._stops.hit
             return text, True
         if len(self.tokens) == limits.max_tokens:
             stats.finish_reason = "length"

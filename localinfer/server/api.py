@@ -10,7 +10,8 @@ a non-streamed handler watches the connection while it waits, since Starlette do
 A stop asked for (Served.close, from server/listen.py) cancels every job under way and ends its
 reply at once and whole: a 503, or a stream's error event, so that the client knows the answer is
 cut and uvicorn finds every response complete. Any other path is a 404, another method a 405, both
-in OpenAI's error shape.
+in OpenAI's error shape (Anthropic's under /v1/messages). The job's running is server/jobs.py's,
+shared with Anthropic's Messages API (server/anthropic.py).
 """
 
 from __future__ import annotations
@@ -27,19 +28,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from localinfer.engine.scheduler import Job
-from localinfer.server import access, guard, reasoning, tools
-from localinfer.server.errors import BadRequest, error
+from localinfer.server import access, anthropic, guard, reasoning, tools
+from localinfer.server.errors import BadRequest, error, error_for
+from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, run
 from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, prepare, read_body
 
 _FINISH = {"stop": "stop", "length": "length", "context": "length"}
-_CLOSING = object()         # in a request's events: the server is stopping
-_SHUTTING_DOWN = "the server is shutting down; the answer was cut short"
-# Server-sent events straight to the client: no proxy buffering, no cached copy.
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass
@@ -84,7 +81,8 @@ def make_app(served: Served, cors: str | None = None):
                              allow_headers=["*"])] if cors else []
     app = Starlette(routes=[Route("/health", health), Route("/v1/models", models),
                             Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/completions", completions, methods=["POST"])],
+                            Route("/v1/completions", completions, methods=["POST"]),
+                            *anthropic.routes(served)],
                     middleware=middleware,
                     exception_handlers={Exception: guard.internal_error, 404: _not_found,
                                         405: _not_allowed})
@@ -93,18 +91,21 @@ def make_app(served: Served, cors: str | None = None):
     return access.logged(app, served.request_log) if served.request_log else app
 
 
-_PATHS = "/v1/chat/completions, /v1/completions, /v1/models and /health"
+_PATHS = ("/v1/chat/completions, /v1/completions, /v1/models, /v1/messages, "
+          "/v1/messages/count_tokens and /health")
 
 
 async def _not_found(request: Request, exc: HTTPException) -> JSONResponse:
-    return error(f"no such endpoint: {request.method} {_shown(request)}; this server has "
-                 f"{_PATHS}", 404, code="unknown_url")
+    return error_for(request.url.path)(
+        f"no such endpoint: {request.method} {_shown(request)}; this server has {_PATHS}", 404,
+        code="unknown_url")
 
 
 async def _not_allowed(request: Request, exc: HTTPException) -> JSONResponse:
     allow = (exc.headers or {}).get("Allow", "")
-    return error(f"{request.method} is not allowed on {_shown(request)}; use {allow}", 405,
-                 code="method_not_allowed", headers=exc.headers)
+    return error_for(request.url.path)(
+        f"{request.method} is not allowed on {_shown(request)}; use {allow}", 405,
+        code="method_not_allowed", headers=exc.headers)
 
 
 def _shown(request: Request) -> str:
@@ -120,81 +121,13 @@ async def _complete(served: Served, request: Request, *, chat: bool):
                                            defaults=served.defaults)
     except BadRequest as e:
         return e.response()
-    if served.worker.error is not None:
-        return error(f"the model failed: {served.worker.error}", 500)
-    job = prepared.job
-    loop, events = asyncio.get_running_loop(), asyncio.Queue()
-    job.on_text = lambda text: _hand_over(loop, events, text)
-    if not served.worker.submit(job, lambda j: _hand_over(loop, events, None)):
-        return error("too many requests are waiting; try again shortly", 429,
-                     headers={"Retry-After": "1"})
-    if (entry := access.record(request.scope)) is not None:
-        entry.model, entry.job = served.names[0], job
     reply = _Reply(served.names[0], chat, prepared, served.log)
-    served.under_way.add(events)
-    if prepared.stream:
-        return _EventStream(reply, events, served.under_way)
-    try:
-        if not await _answered(request, events, job):
-            return error(_SHUTTING_DOWN, 503, code="server_shutting_down")
-    finally:
-        served.under_way.discard(events)
-    return reply.failure() or JSONResponse(reply.whole())
-
-
-class _EventStream(StreamingResponse):
-    """The answer as server-sent events. However the response ends (the answer whole, the client
-    gone, even before the first event, or the server stopping) its job ends with it."""
-
-    def __init__(self, reply: _Reply, events: asyncio.Queue, under_way: set) -> None:
-        super().__init__(_framed(reply.stream(events)), media_type="text/event-stream",
-                         headers=_SSE_HEADERS)
-        self.job, self.events, self.under_way = reply.job, events, under_way
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.under_way.discard(self.events)
-            self.job.cancelled = True       # done already, or nobody is left to read it
+    return await run(served, request, prepared, reply, error)
 
 
 async def _framed(stream):
     async for data in stream:
         yield f"data: {data}\n\n"
-
-
-async def _answered(request: Request, events: asyncio.Queue, job: Job) -> bool:
-    """Until the scheduler is done with the job (True), or the server stops (False: the job is
-    cancelled); a client that leaves meanwhile cancels it (its sequence is freed before the next
-    step, and then the scheduler says it is done)."""
-    watch = asyncio.create_task(_until_gone(request, job))
-    try:
-        while (item := await events.get()) is not None:
-            if item is _CLOSING:
-                job.cancelled = True
-                return False
-        return True
-    except asyncio.CancelledError:        # uvicorn gave up waiting for it
-        job.cancelled = True
-        raise
-    finally:
-        watch.cancel()
-
-
-async def _until_gone(request: Request, job: Job) -> None:
-    # The body is read: the next message the server hands over is the client's disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    job.cancelled = True
-
-
-def _hand_over(loop, events: asyncio.Queue, item: str | None) -> None:
-    """From the scheduler's thread to the request's handler (None: the answer is complete)."""
-    try:
-        loop.call_soon_threadsafe(events.put_nowait, item)
-    except RuntimeError:        # the server's loop has closed (shutting down): nobody is waiting
-        pass
 
 
 class _Reply:
@@ -220,6 +153,10 @@ class _Reply:
                          code="grammar_dead_end")
         self.log(f"a request failed: {problem}")
         return error(problem, 500)
+
+    def frames(self, events: asyncio.Queue):
+        """The server-sent events of a streamed reply (server/jobs.py sends them)."""
+        return _framed(self.stream(events))
 
     def _envelope(self, choice: dict, **extra) -> dict:
         return {"id": self.id, "object": ("chat.completion" if self.chat else "text_completion")

@@ -23,3 +23,27 @@ def error(message: str, status: int, *, param=None, code=None, headers=None) -> 
         429: "rate_limit_error"}.get(status, "invalid_request_error")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
                                    "code": code}}, status_code=status, headers=headers)
+
+
+# Anthropic's shape, for the Messages API's paths (server/anthropic.py; guard.py and api.py's 404
+# and 405 pick it by the path)
+ANTHROPIC_PATHS = "/v1/messages"
+_ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(message: str, status: int, *, headers=None, **_) -> JSONResponse:
+    """{"type": "error", "error": {"type": ..., "message": ...}}; takes error()'s arguments."""
+    kind = _ANTHROPIC_KINDS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}},
+                        status_code=status, headers=headers)
+
+
+def error_for(path: str):
+    """The error reply of the API a path belongs to: error() or anthropic_error()."""
+    return anthropic_error if is_anthropic(path) else error
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")

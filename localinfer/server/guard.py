@@ -3,13 +3,14 @@
 - Host names (DNS rebinding): a web page can point a name of its own at 127.0.0.1 and drive a
   loopback server from the browser, so a server answers only the names it is served under: the
   loopback names and --host, each with the port or without, and --allowed-hosts ("*": any). A
-  request under another name is a 403 in OpenAI's shape, as Ollama refuses it (the request is
-  well formed; this server will not serve it under that name). A server off loopback needs an
-  API key, which a rebinding page does not have; its names are checked only when --allowed-hosts
-  lists them.
-- The API key, compared in constant time.
+  request under another name is a 403 in OpenAI's shape (Anthropic's on /v1/messages*), as
+  Ollama refuses it (the request is well formed; this server will not serve it under that name).
+  A server off loopback needs an API key, which a rebinding page does not have; its names are
+  checked only when --allowed-hosts lists them.
+- The API key, compared in constant time, as `Authorization: Bearer KEY` or Anthropic's
+  `x-api-key: KEY` (either header, on any path).
 - Any exception a handler raises: one line in the log and, when no reply has started, a 500 in
-  OpenAI's shape; never a traceback, never text/plain.
+  OpenAI's shape (Anthropic's on its paths); never a traceback, never text/plain.
 - Headers in bounded time: uvicorn's h11 protocol times out idle keep-alive connections only, so
   one that sends half a request head and waits would be held for ever; `protocol` closes it.
 """
@@ -20,7 +21,7 @@ import hmac
 import ipaddress
 from typing import Callable
 
-from localinfer.server.errors import error
+from localinfer.server.errors import error_for
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 HEADER_SECONDS = 30.0
@@ -66,13 +67,17 @@ def _catch_all(app, log: Callable[[str], None]):
         except Exception as e:          # a bug of ours: one line, and a JSON reply if we can
             log(f"{scope['method']} {scope['path']}: internal error: {type(e).__name__}: {e}")
             if not started:
-                await internal_error()(scope, receive, send)
+                await _internal(scope["path"])(scope, receive, send)
     return guarded_app
 
 
-def internal_error(*_) -> object:
+def internal_error(request=None, *_) -> object:
     """The reply to an exception no check foresaw (also Starlette's handler for one)."""
-    return error("internal error; the server's log says more", 500)
+    return _internal(request.url.path if request is not None else "")
+
+
+def _internal(path: str):
+    return error_for(path)("internal error; the server's log says more", 500)
 
 
 def _check_host(app, hosts: frozenset[str] | None, port: int):
@@ -83,9 +88,10 @@ def _check_host(app, hosts: frozenset[str] | None, port: int):
         if scope["type"] == "http":
             value = dict(scope["headers"]).get(b"host")
             if value is not None and not _host_allowed(value.decode("latin-1"), hosts, port):
-                await error("this server does not answer under that Host name (start it with "
-                            "--allowed-hosts NAME to allow one)", 403,
-                            code="host_not_allowed")(scope, receive, send)
+                await error_for(scope["path"])(
+                    "this server does not answer under that Host name (start it with "
+                    "--allowed-hosts NAME to allow one)", 403,
+                    code="host_not_allowed")(scope, receive, send)
                 return
         await app(scope, receive, send)
     return host_checked
@@ -106,17 +112,21 @@ def _host_allowed(value: str, hosts: frozenset[str], port: int) -> bool:
 
 
 def _check_key(app, key: str | None):
-    """Every endpoint but /health needs `Authorization: Bearer KEY` when a key is set."""
+    """Every endpoint but /health needs `Authorization: Bearer KEY` or `x-api-key: KEY` when a
+    key is set."""
     if not key:
         return app
-    expected = f"Bearer {key}".encode()
+    expected, expected_bare = f"Bearer {key}".encode(), key.encode()
 
     async def key_checked(scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, expected):
-                await error("a valid API key is needed (Authorization: Bearer KEY)", 401,
-                            code="invalid_api_key")(scope, receive, send)
+            headers = dict(scope["headers"])
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), expected)
+            header = hmac.compare_digest(headers.get(b"x-api-key", b""), expected_bare)
+            if not (bearer or header):
+                await error_for(scope["path"])(
+                    "a valid API key is needed (Authorization: Bearer KEY or x-api-key: KEY)",
+                    401, code="invalid_api_key")(scope, receive, send)
                 return
         await app(scope, receive, send)
     return key_checked

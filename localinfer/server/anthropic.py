@@ -1,0 +1,291 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+A request is checked here in Anthropic's terms (`max_tokens` required, roles user and assistant,
+content as a string or text blocks, `system` as a string or text blocks), then said as the chat
+request server/requests.py prepares for /v1/chat/completions: the same template, tokens, sampling,
+thinking and checks, and the same job through jobs.run (queue, cancellation, shutdown). The answer
+comes back as a message: a thinking model's trace as `thinking` blocks (signature "") before the
+`text` block, `stop_reason` end_turn, max_tokens or stop_sequence (with the `stop_sequence` met),
+`usage` in input and output tokens; streamed as Anthropic's events (message_start, ping,
+content_block_start/delta/stop, message_delta, message_stop, an `error` event when cut short).
+Every refusal is in Anthropic's error shape. `tools` are refused with a 400 until the OpenAI tool
+calls they map onto are in (server/tools.py); `tool_choice` "none" without tools is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import uuid
+from typing import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from localinfer.errors import LocalinferError, ModelLoadError
+from localinfer.server import jobs, reasoning, requests
+from localinfer.server.errors import BadRequest, anthropic_error
+from localinfer.server.requests import Prepared
+
+MAX_STOPS = 16                # stop_sequences in one request
+_ROLES = ("user", "assistant")
+_STOP_REASON = {"length": "max_tokens", "context": "max_tokens"}
+
+
+def routes(served) -> list[Route]:
+    async def messages(request: Request):
+        return await _messages(served, request)
+
+    async def count_tokens(request: Request):
+        try:
+            raw = await requests.read_body(request, seconds=served.body_seconds)
+            count = await asyncio.to_thread(_count, raw, served)
+        except BadRequest as e:
+            return _refused(e)
+        return JSONResponse({"input_tokens": count})
+
+    return [Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]
+
+
+def _refused(e: BadRequest) -> JSONResponse:
+    return anthropic_error(str(e), e.status, headers=e.headers)
+
+
+async def _messages(served, request: Request):
+    try:
+        raw = await requests.read_body(request, seconds=served.body_seconds)
+        prepared = await asyncio.to_thread(_prepare, raw, served)
+    except BadRequest as e:
+        return _refused(e)
+    reply = _Reply(served.names[0], prepared, served.log)
+    return await jobs.run(served, request, prepared, reply, anthropic_error)
+
+
+# -- the request -------------------------------------------------------------------------------
+def _prepare(raw: bytes, served) -> Prepared:
+    body = requests.parse(raw)
+    requests.check_model(body, served.names)
+    chat, defaults, stops = _translate(body, served.defaults, counting=False)
+    prepared = requests.prepare(json.dumps(chat).encode(), served.session, served.names,
+                                served.request_ctx, chat=True, defaults=defaults)
+    prepared.job.limits.stop = stops
+    return prepared
+
+
+def _count(raw: bytes, served) -> int:
+    """The prompt's tokens, as /v1/messages would make them (its context limit aside)."""
+    body = requests.parse(raw)
+    requests.check_model(body, served.names)
+    chat, defaults, _ = _translate(body, served.defaults, counting=True)
+    session = served.session
+    try:
+        return len(requests._tokens(chat, session, chat=True, defaults=defaults))
+    except ModelLoadError as e:
+        raise BadRequest(f"the chat template cannot render these messages: {e}") from None
+    except LocalinferError as e:
+        raise BadRequest(str(e)) from None
+
+
+def _translate(body: dict, defaults, *, counting: bool):
+    """Anthropic's body as the chat body requests.prepare takes, the Defaults with its system
+    prompt, and its stop sequences."""
+    _no_tools(body)
+    chat = {"model": body["model"], "messages": _history(body.get("messages"))}
+    if not counting:
+        most = body.get("max_tokens")
+        if most is None:
+            raise BadRequest("'max_tokens' is required")
+        chat["max_tokens"] = most
+        for key in ("temperature", "top_p", "top_k"):
+            if body.get(key) is not None:
+                chat[key] = body[key]
+        if body.get("stream") is not None:
+            chat["stream"] = body["stream"]
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled" \
+            and thinking.get("budget_tokens") is not None:
+        chat["thinking_budget"] = thinking["budget_tokens"]
+    elif thinking is not None and not isinstance(thinking, dict):
+        raise BadRequest("'thinking' must be an object")
+    system = _system(body.get("system"))
+    if system is not None:
+        defaults = dataclasses.replace(defaults, system=system)
+    return chat, defaults, () if counting else _stops(body.get("stop_sequences"))
+
+
+def _no_tools(body: dict) -> None:
+    if body.get("tools"):
+        raise BadRequest("'tools' are not supported on /v1/messages yet; send the request "
+                         "without them")
+    choice = body.get("tool_choice")
+    if choice is not None and not (isinstance(choice, dict) and choice.get("type") in
+                                   ("none", "auto")):
+        raise BadRequest("'tool_choice' needs 'tools', which are not supported here yet")
+
+
+def _system(system) -> str | None:
+    if system is None:
+        return None
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return _text_blocks(system, "system")
+    raise BadRequest("'system' must be a string or a list of text blocks")
+
+
+def _text_blocks(blocks: list, where: str, thinking: list | None = None) -> str:
+    """The text of a content list; `thinking` (when given) collects thinking blocks' text."""
+    texts = []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind in ("thinking", "redacted_thinking") and thinking is not None:
+            if kind == "thinking":
+                if not isinstance(block.get("thinking"), str):
+                    raise BadRequest(f"{where}[{j}].thinking must be a string")
+                thinking.append(block["thinking"])
+        elif kind in ("tool_use", "tool_result"):
+            raise BadRequest(f"{where}[{j}]: {kind} blocks need tools, which are not supported "
+                             f"on /v1/messages yet")
+        else:
+            raise BadRequest(f"{where}[{j}]: only text blocks are supported here"
+                             + (f" (not {kind})" if isinstance(kind, str) else ""))
+    return "".join(texts)
+
+
+def _history(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            raise BadRequest(f"messages[{i}].role must be user or assistant (the system prompt "
+                             f"is the top-level 'system')")
+        content, trace = m.get("content"), []
+        if isinstance(content, list):
+            content = _text_blocks(content, f"messages[{i}].content",
+                                   trace if m["role"] == "assistant" else None)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of blocks")
+        out.append({"role": m["role"], "content": content,
+                    **({"reasoning_content": "".join(trace)} if trace else {})})
+    if out[-1]["role"] == "assistant":
+        raise BadRequest("the last message must be the user's: continuing an assistant "
+                         "message (prefill) is not supported here")
+    return out
+
+
+def _stops(stops) -> tuple[str, ...]:
+    if stops is None:
+        return ()
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS \
+            or not all(isinstance(s, str) for s in stops):
+        raise BadRequest(f"'stop_sequences' must be a list of at most {MAX_STOPS} strings")
+    return tuple(s for s in stops if s)
+
+
+# -- the reply ---------------------------------------------------------------------------------
+class _Reply:
+    """The Anthropic shapes of one answer: the whole message, or its events while it streams."""
+
+    def __init__(self, model: str, prepared: Prepared, log: Callable[[str], None]) -> None:
+        self.model, self.job, self.style, self.log = model, prepared.job, prepared.style, log
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+
+    def failure(self) -> JSONResponse | None:
+        if self.job.error is None:
+            return None
+        self.log(f"a request failed: {self.job.error}")
+        return anthropic_error(self.job.error, 500)
+
+    def _stop(self) -> tuple[str, str | None]:
+        stats = self.job.stats
+        if stats.stop_string:
+            return "stop_sequence", stats.stop_string
+        return _STOP_REASON.get(stats.finish_reason, "end_turn"), None
+
+    def _message(self, content: list, stop: tuple[str | None, str | None],
+                 output_tokens: int) -> dict:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
+                "usage": {"input_tokens": len(self.job.prompt), "output_tokens": output_tokens}}
+
+    def whole(self) -> dict:
+        said = reasoning.message(self.style, self.job.text)
+        trace = said.get("reasoning_content")
+        content = [{"type": "thinking", "thinking": trace, "signature": ""}] if trace else []
+        content.append({"type": "text", "text": said["content"]})
+        return self._message(content, self._stop(), self.job.stats.generated_tokens)
+
+    async def frames(self, events: asyncio.Queue):
+        """Each server-sent event, framed: `event: NAME` and its JSON `data`."""
+        async for data in self._events(events):
+            yield f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
+
+    async def _events(self, events: asyncio.Queue):
+        yield {"type": "message_start", "message": self._message([], (None, None), 0)}
+        yield {"type": "ping"}
+        blocks, deltas = _Blocks(), reasoning.Deltas(self.style)
+        while (text := await events.get()) is not None:
+            if text is jobs.CLOSING:        # cut short, and said so
+                self.job.cancelled = True
+                yield _error_event(jobs.SHUTTING_DOWN, 503)
+                return
+            for delta in deltas.feed(text):
+                for event in blocks.feed(delta):
+                    yield event
+        failed = self.failure()
+        if failed is not None:
+            yield json.loads(failed.body)
+            return
+        for delta in deltas.flush():
+            for event in blocks.feed(delta):
+                yield event
+        for event in blocks.close():
+            yield event
+        stop_reason, stop_sequence = self._stop()
+        yield {"type": "message_delta",
+               "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+               "usage": {"output_tokens": self.job.stats.generated_tokens}}
+        yield {"type": "message_stop"}
+
+
+def _error_event(message: str, status: int) -> dict:
+    return json.loads(anthropic_error(message, status).body)
+
+
+class _Blocks:
+    """Content blocks as a stream opens, fills and closes them: thinking, then text."""
+
+    def __init__(self) -> None:
+        self.index, self.open = -1, None
+
+    def feed(self, delta: dict) -> list[dict]:
+        if delta.get("reasoning_content"):
+            return self._to("thinking") + [self._delta(
+                {"type": "thinking_delta", "thinking": delta["reasoning_content"]})]
+        if delta.get("content"):
+            return self._to("text") + [self._delta(
+                {"type": "text_delta", "text": delta["content"]})]
+        return []
+
+    def close(self) -> list[dict]:
+        """The last block closed; a reply without text still ends with a text block."""
+        return self._to("text") + [{"type": "content_block_stop", "index": self.index}]
+
+    def _to(self, kind: str) -> list[dict]:
+        if self.open == kind:
+            return []
+        events = [{"type": "content_block_stop", "index": self.index}] if self.open else []
+        self.index, self.open = self.index + 1, kind
+        block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" \
+            else {"type": "text", "text": ""}
+        return events + [{"type": "content_block_start", "index": self.index,
+                          "content_block": block}]
+
+    def _delta(self, delta: dict) -> dict:
+        return {"type": "content_block_delta", "index": self.index, "delta": delta}

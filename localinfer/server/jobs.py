@@ -1,0 +1,99 @@
+"""One prepared job through the worker, for every API the server speaks (server/api.py's OpenAI
+endpoints, server/anthropic.py's Messages): its queueing (a full queue is a 429), its text handed
+from the scheduler's thread to the request's handler, a client that leaves cancelling it, streamed
+or not (a non-streamed handler watches the connection while it waits, since Starlette does not
+cancel it), and a stop asked for (Served.close) ending its reply at once and whole: a 503, or the
+stream's own error event. The reply object gives the API's shapes: `frames(events)` (the framed
+server-sent events), `whole()`, `failure()` and `job`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from localinfer.engine.scheduler import Job
+from localinfer.server import access
+from localinfer.server.errors import error
+from localinfer.server.requests import Prepared
+
+CLOSING = object()          # in a request's events: the server is stopping
+SHUTTING_DOWN = "the server is shutting down; the answer was cut short"
+# Server-sent events straight to the client: no proxy buffering, no cached copy.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def run(served, request: Request, prepared: Prepared, reply, fail=error):
+    """A prepared job through the worker: the reply's events as they come (`reply.frames`), or
+    `reply.whole()` once done; `fail` gives the error replies (OpenAI's or Anthropic's shape)."""
+    if served.worker.error is not None:
+        return fail(f"the model failed: {served.worker.error}", 500)
+    job = prepared.job
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    job.on_text = lambda text: _hand_over(loop, events, text)
+    if not served.worker.submit(job, lambda j: _hand_over(loop, events, None)):
+        return fail("too many requests are waiting; try again shortly", 429,
+                    headers={"Retry-After": "1"})
+    if (entry := access.record(request.scope)) is not None:
+        entry.model, entry.job = served.names[0], job
+    served.under_way.add(events)
+    if prepared.stream:
+        return _EventStream(reply, events, served.under_way)
+    try:
+        if not await _answered(request, events, job):
+            return fail(SHUTTING_DOWN, 503, code="server_shutting_down")
+    finally:
+        served.under_way.discard(events)
+    return reply.failure() or JSONResponse(reply.whole())
+
+
+class _EventStream(StreamingResponse):
+    """The answer as server-sent events. However the response ends (the answer whole, the client
+    gone, even before the first event, or the server stopping) its job ends with it."""
+
+    def __init__(self, reply, events: asyncio.Queue, under_way: set) -> None:
+        super().__init__(reply.frames(events), media_type="text/event-stream",
+                         headers=SSE_HEADERS)
+        self.job, self.events, self.under_way = reply.job, events, under_way
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.under_way.discard(self.events)
+            self.job.cancelled = True       # done already, or nobody is left to read it
+
+
+async def _answered(request: Request, events: asyncio.Queue, job: Job) -> bool:
+    """Until the scheduler is done with the job (True), or the server stops (False: the job is
+    cancelled); a client that leaves meanwhile cancels it (its sequence is freed before the next
+    step, and then the scheduler says it is done)."""
+    watch = asyncio.create_task(_until_gone(request, job))
+    try:
+        while (item := await events.get()) is not None:
+            if item is CLOSING:
+                job.cancelled = True
+                return False
+        return True
+    except asyncio.CancelledError:        # uvicorn gave up waiting for it
+        job.cancelled = True
+        raise
+    finally:
+        watch.cancel()
+
+
+async def _until_gone(request: Request, job: Job) -> None:
+    # The body is read: the next message the server hands over is the client's disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancelled = True
+
+
+def _hand_over(loop, events: asyncio.Queue, item: str | None) -> None:
+    """From the scheduler's thread to the request's handler (None: the answer is complete)."""
+    try:
+        loop.call_soon_threadsafe(events.put_nowait, item)
+    except RuntimeError:        # the server's loop has closed (shutting down): nobody is waiting
+        pass

@@ -128,6 +128,24 @@ class BatchSession(Protocol):
     def close(self) -> None: ...
 
 
+class Embedder(Protocol):
+    """One model loaded for embeddings: one L2-normalised vector per input (pipeline/embed.py)."""
+
+    n_embd: int                   # the vector's length
+    n_ctx: int                    # most tokens one decode (and so one input) holds
+    n_seq: int                    # most inputs one decode holds
+    pooling: str                  # mean, cls or last
+    metadata: dict[str, str]
+
+    def tokenize(self, text: str) -> list[int]:
+        """An input's tokens with the model's own BOS/EOS rules; control-token text stays text."""
+        ...
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One float32 row of unit length per input, in input order."""
+        ...
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -140,6 +158,9 @@ class Backend:
     auto_blocker: Callable[[Path | None], str | None] = lambda path=None: None
     # Several sequences in one context (n_seq), for map and serve; None: this backend cannot.
     load_batch: Callable[[Path, LoadOptions, int], BatchSession] | None = None
+    # The model in embedding mode (n_ctx: the tokens one decode holds; n_seq: the inputs), for
+    # embed and the embeddings endpoints; None: this backend cannot.
+    load_embed: Callable[[Path, LoadOptions, int], Embedder] | None = None
 
 
 # Each engine's subpackage is imported only when asked for: engines are optional and slow to load.
@@ -245,12 +266,25 @@ def select_batch(requested: str, architecture: str | None,
                  path: Path | None = None) -> tuple[Backend, Choice]:
     """`select` among the backends that batch several sequences (map, serve): a requested one
     that cannot is refused in one line naming those that can."""
-    batching = [name for name in _REGISTRY if _safe_available(name) and get(name).load_batch]
-    if requested != "auto" and requested in _REGISTRY and requested not in batching:
-        raise UsageError(f"the {requested} backend cannot decode several requests together; "
-                         f"map and serve run on {', '.join(batching) or 'llama.cpp'} "
-                         "(--backend auto)")
-    available = {name: name in batching for name in _REGISTRY}
+    return _select_able("load_batch", "cannot decode several requests together; map and serve run",
+                        requested, architecture, path)
+
+
+def select_embed(requested: str, architecture: str | None,
+                 path: Path | None = None) -> tuple[Backend, Choice]:
+    """`select` among the backends that embed (embed, the embeddings endpoints), refusing a
+    requested one that cannot as `select_batch` does."""
+    return _select_able("load_embed", "computes no embeddings; embed runs", requested, architecture,
+                        path)
+
+
+def _select_able(ability: str, refusal: str, requested: str, architecture: str | None,
+                 path: Path | None) -> tuple[Backend, Choice]:
+    able = [name for name in _REGISTRY if _safe_available(name) and getattr(get(name), ability)]
+    if requested != "auto" and requested in _REGISTRY and requested not in able:
+        raise UsageError(f"the {requested} backend {refusal} on "
+                         f"{', '.join(able) or 'llama.cpp'} (--backend auto)")
+    available = {name: name in able for name in _REGISTRY}
     choice = choose(requested, architecture, available,
                     lambda name, arch: get(name).supports_architecture(arch),
                     auto_blockers(available, path) if requested == "auto" else None)

@@ -77,6 +77,7 @@ class Model:
         self._closed = False
         self.stats: Stats | None = None     # the figures of the last call: tokens, speeds, why
         self.reasoning: str | None = None   # the last call's trace (None: the model writes none)
+        self._embedder = None               # the model in embedding mode, opened by embed()
 
     @property
     def name(self) -> str:
@@ -121,8 +122,24 @@ class Model:
         conversation = ([{"role": "system", "content": system}] if system else []) + messages
         return "".join(text for kind, text in self._chat(conversation, ask) if kind == ANSWER)
 
+    def embed(self, texts: str | list[str], *, truncate: bool = False) -> list[list[float]]:
+        """One L2-normalised vector per text (a single string: a list of one), as `localinfer
+        embed` writes them: the model's own pooling (mean for a generative model), deterministic.
+        A text longer than the context (load's `ctx`, 0 = 512 tokens) is refused, or cut to it
+        with `truncate`. The first call loads the model a second time, in embedding mode."""
+        from localinfer.pipeline import embed
+        self._check_open()
+        if self._embedder is None:
+            setup = self._setup
+            self._embedder = embed.open_embedder(setup.named, setup.fit, setup.report,
+                                                 threads=setup.threads, backend=setup.backend)
+        return embed.embed(self._embedder, texts, truncate=truncate)
+
     def close(self) -> None:
         self._closed = True
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self._loaded is not None:
             self._loaded.session.close()
             self._loaded = None

@@ -90,6 +90,7 @@ ALLOWED_CYCLE_EDGES = {
     # SequenceBatch only for map and serve.
     ("backends.llama", "backends.llama.session"),
     ("backends.llama", "backends.llama.batched"),
+    ("backends.llama", "backends.llama.embed"),
 }
 
 

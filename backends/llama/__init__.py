@@ -53,6 +53,11 @@ def _load_batch(path: Path, options: LoadOptions, n_seq: int):
     return SequenceBatch(path, options, n_seq)
 
 
+def _load_embed(path: Path, options: LoadOptions, n_seq: int):
+    from localinfer.backends.llama.embed import LlamaEmbedder
+    return LlamaEmbedder(path, options, n_seq)
+
+
 BACKEND = Backend(
     name="llama.cpp",
     is_available=_is_available,
@@ -60,4 +65,5 @@ BACKEND = Backend(
     load=_load,
     describe=describe,
     load_batch=_load_batch,
+    load_embed=_load_embed,
 )

@@ -15,7 +15,7 @@ import traceback
 import typer
 
 from localinfer import settings
-from localinfer.cli import (batch, cache, console, generate, measure, models, serve,
+from localinfer.cli import (batch, cache, console, embed, generate, measure, models, serve,
                             shell, show)
 from localinfer.cli import help_style
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
@@ -78,6 +78,7 @@ def _root(
 # In the order `localinfer --help` lists them.
 generate.register(app)
 batch.register(app)
+embed.register(app)
 serve.register(app)
 models.register(app)
 show.register(app)

@@ -130,7 +130,10 @@ def test_the_key_as_x_api_key_or_bearer_and_a_wrong_key_is_a_401(server):
     ({"messages": []}, "messages"),
     ({"stop_sequences": "x"}, "stop_sequences"),
     ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "text blocks"),
-    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "custom tool"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+      "tool_choice": {"type": "tool", "name": "g"}}, "tool_choice"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice"),
 ])
 def test_bad_requests_are_400s_in_anthropics_shape(server, change, words):
     body = {k: v for k, v in {**RAW, **change}.items() if v is not None}
@@ -185,5 +188,67 @@ def test_a_thinking_models_trace_is_a_thinking_block_before_the_text(models_home
         deltas = [e.delta for e in events if e.type == "content_block_delta"]
         assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == trace.thinking
         assert "".join(d.text for d in deltas if d.type == "text_delta") == text
+    finally:
+        _stop(proc)
+
+
+def test_tools_map_onto_openais_tool_calls(models_home, tmp_path):
+    """SmolLM2 wearing Qwen 2.5's template (Hermes calls): the same call as OpenAI's endpoint
+    makes, whole and streamed, and a conversation carrying the call and its result on."""
+    from chat_templates import QWEN25
+    from helpers import smollm_wearing
+    from test_serve_thinking import _start as start_path, _stop
+    from test_serve_tools import SCHEMAS, TOOLS
+    jsonschema = pytest.importorskip("jsonschema")
+    path = smollm_wearing(QWEN25, tmp_path, "qwen25")
+    proc, url = start_path(str(path))
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"],
+              **({"description": t["function"]["description"]}
+                 if "description" in t["function"] else {})} for t in TOOLS]
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ask = dict(model=path.name, max_tokens=120, messages=question, tools=tools,
+               extra_body={"temperature": 0})
+    try:
+        client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        whole = client.messages.create(**ask, tool_choice={"type": "any"})
+        calls = [b for b in whole.content if b.type == "tool_use"]
+        assert calls and whole.stop_reason == "tool_use"
+        for call in calls:
+            assert call.id.startswith("toolu_")
+            jsonschema.validate(call.input, SCHEMAS[call.name])
+        same = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        made = same.chat.completions.create(model=path.name, max_tokens=120, temperature=0,
+                                            messages=question, tools=TOOLS,
+                                            tool_choice="required").choices[0].message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in made] == \
+            [(c.name, c.input) for c in calls]
+
+        named = {**ask, "tool_choice": {"type": "tool", "name": "get_time"}}
+        with client.messages.stream(**named) as stream:
+            events = list(stream)
+            final = stream.get_final_message()
+        starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+        assert starts[-1] == "tool_use" and final.stop_reason == "tool_use"
+        streamed = [b for b in final.content if b.type == "tool_use"]
+        assert [b.name for b in streamed] == ["get_time"] * len(streamed)
+        whole = client.messages.create(**named)
+        assert [(b.name, b.input) for b in streamed] == \
+            [(b.name, b.input) for b in whole.content if b.type == "tool_use"]
+
+        history = [*question, {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Paris", "unit": "celsius"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": "21 degrees, sunny"}]}]
+        on = client.messages.create(**{**ask, "messages": history, "max_tokens": 16,
+                                       "tool_choice": {"type": "none"}})
+        assert [b.type for b in on.content] == ["text"] and on.content[0].text
+        counted = client.messages.count_tokens(model=path.name, messages=history, tools=tools,
+                                               tool_choice={"type": "none"})
+        assert counted.input_tokens == on.usage.input_tokens
+        with_tools = client.messages.count_tokens(model=path.name, messages=history, tools=tools)
+        assert with_tools.input_tokens == client.messages.create(
+            **{**ask, "messages": history, "max_tokens": 1}).usage.input_tokens
     finally:
         _stop(proc)

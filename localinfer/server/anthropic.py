@@ -8,8 +8,10 @@ comes back as a message: a thinking model's trace as `thinking` blocks (signatur
 `text` block, `stop_reason` end_turn, max_tokens or stop_sequence (with the `stop_sequence` met),
 `usage` in input and output tokens; streamed as Anthropic's events (message_start, ping,
 content_block_start/delta/stop, message_delta, message_stop, an `error` event when cut short).
-Every refusal is in Anthropic's error shape. `tools` are refused with a 400 until the OpenAI tool
-calls they map onto are in (server/tools.py); `tool_choice` "none" without tools is accepted.
+Every refusal is in Anthropic's error shape. Tools go through OpenAI's tool calls
+(server/tools.py, said in its terms by server/anthropic_tools.py): `tools` with `input_schema`,
+`tool_choice` auto, any, tool or none, `tool_use` and `tool_result` blocks in the history, and a
+reply's calls as `tool_use` blocks with stop_reason tool_use.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import jobs, reasoning, requests
+from localinfer.server import anthropic_tools, jobs, reasoning, requests, tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
 
@@ -82,7 +84,8 @@ def _count(raw: bytes, served) -> int:
     chat, defaults, _ = _translate(body, served.defaults, counting=True)
     session = served.session
     try:
-        return len(requests._tokens(chat, session, chat=True, defaults=defaults))
+        plan = tools.plan(chat, session.chat_template or "")
+        return len(requests._tokens(chat, session, chat=True, defaults=defaults, plan=plan))
     except ModelLoadError as e:
         raise BadRequest(f"the chat template cannot render these messages: {e}") from None
     except LocalinferError as e:
@@ -92,8 +95,8 @@ def _count(raw: bytes, served) -> int:
 def _translate(body: dict, defaults, *, counting: bool):
     """Anthropic's body as the chat body requests.prepare takes, the Defaults with its system
     prompt, and its stop sequences."""
-    _no_tools(body)
-    chat = {"model": body["model"], "messages": _history(body.get("messages"))}
+    chat = {"model": body["model"], "messages": _history(body.get("messages")),
+            **anthropic_tools.request_fields(body)}
     if not counting:
         most = body.get("max_tokens")
         if most is None:
@@ -116,16 +119,6 @@ def _translate(body: dict, defaults, *, counting: bool):
     return chat, defaults, () if counting else _stops(body.get("stop_sequences"))
 
 
-def _no_tools(body: dict) -> None:
-    if body.get("tools"):
-        raise BadRequest("'tools' are not supported on /v1/messages yet; send the request "
-                         "without them")
-    choice = body.get("tool_choice")
-    if choice is not None and not (isinstance(choice, dict) and choice.get("type") in
-                                   ("none", "auto")):
-        raise BadRequest("'tool_choice' needs 'tools', which are not supported here yet")
-
-
 def _system(system) -> str | None:
     if system is None:
         return None
@@ -136,8 +129,10 @@ def _system(system) -> str | None:
     raise BadRequest("'system' must be a string or a list of text blocks")
 
 
-def _text_blocks(blocks: list, where: str, thinking: list | None = None) -> str:
-    """The text of a content list; `thinking` (when given) collects thinking blocks' text."""
+def _text_blocks(blocks: list, where: str, thinking: list | None = None,
+                 calls: list | None = None, results: list | None = None) -> str:
+    """The text of a content list; `thinking`, `calls` and `results` (where a role may have
+    them) collect thinking blocks' text, tool_use blocks and tool_result blocks."""
     texts = []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
@@ -148,9 +143,10 @@ def _text_blocks(blocks: list, where: str, thinking: list | None = None) -> str:
                 if not isinstance(block.get("thinking"), str):
                     raise BadRequest(f"{where}[{j}].thinking must be a string")
                 thinking.append(block["thinking"])
-        elif kind in ("tool_use", "tool_result"):
-            raise BadRequest(f"{where}[{j}]: {kind} blocks need tools, which are not supported "
-                             f"on /v1/messages yet")
+        elif kind == "tool_use" and calls is not None:
+            calls.append(anthropic_tools.tool_use(block, f"{where}[{j}]"))
+        elif kind == "tool_result" and results is not None:
+            results.append(anthropic_tools.tool_result(block, f"{where}[{j}]"))
         else:
             raise BadRequest(f"{where}[{j}]: only text blocks are supported here"
                              + (f" (not {kind})" if isinstance(kind, str) else ""))
@@ -165,15 +161,21 @@ def _history(messages) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
             raise BadRequest(f"messages[{i}].role must be user or assistant (the system prompt "
                              f"is the top-level 'system')")
-        content, trace = m.get("content"), []
+        content, trace, calls, results = m.get("content"), [], [], []
+        assistant = m["role"] == "assistant"
         if isinstance(content, list):
             content = _text_blocks(content, f"messages[{i}].content",
-                                   trace if m["role"] == "assistant" else None)
+                                   trace if assistant else None, calls if assistant else None,
+                                   None if assistant else results)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string or a list of blocks")
+        out.extend(results)             # a user turn's tool results: tool messages, first
+        if results and not content:
+            continue
         out.append({"role": m["role"], "content": content,
-                    **({"reasoning_content": "".join(trace)} if trace else {})})
-    if out[-1]["role"] == "assistant":
+                    **({"reasoning_content": "".join(trace)} if trace else {}),
+                    **({"tool_calls": calls} if calls else {})})
+    if messages[-1].get("role") == "assistant":
         raise BadRequest("the last message must be the user's: continuing an assistant "
                          "message (prefill) is not supported here")
     return out
@@ -194,16 +196,21 @@ class _Reply:
 
     def __init__(self, model: str, prepared: Prepared, log: Callable[[str], None]) -> None:
         self.model, self.job, self.style, self.log = model, prepared.job, prepared.style, log
+        self.constrained, self.tools = prepared.constrained, prepared.tools
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
 
     def failure(self) -> JSONResponse | None:
         if self.job.error is None:
             return None
+        if self.constrained is not None and self.constrained.failed is not None:
+            return anthropic_error(f"tools: {self.constrained.failed}", 400)
         self.log(f"a request failed: {self.job.error}")
         return anthropic_error(self.job.error, 500)
 
-    def _stop(self) -> tuple[str, str | None]:
+    def _stop(self, calls: list) -> tuple[str, str | None]:
         stats = self.job.stats
+        if calls:
+            return "tool_use", None
         if stats.stop_string:
             return "stop_sequence", stats.stop_string
         return _STOP_REASON.get(stats.finish_reason, "end_turn"), None
@@ -218,8 +225,11 @@ class _Reply:
         said = reasoning.message(self.style, self.job.text)
         trace = said.get("reasoning_content")
         content = [{"type": "thinking", "thinking": trace, "signature": ""}] if trace else []
-        content.append({"type": "text", "text": said["content"]})
-        return self._message(content, self._stop(), self.job.stats.generated_tokens)
+        text, calls = tools.split(self.tools, said["content"])
+        if text or not calls:
+            content.append({"type": "text", "text": text or ""})
+        content += anthropic_tools.blocks(calls)
+        return self._message(content, self._stop(calls), self.job.stats.generated_tokens)
 
     async def frames(self, events: asyncio.Queue):
         """Each server-sent event, framed: `event: NAME` and its JSON `data`."""
@@ -230,28 +240,35 @@ class _Reply:
         yield {"type": "message_start", "message": self._message([], (None, None), 0)}
         yield {"type": "ping"}
         blocks, deltas = _Blocks(), reasoning.Deltas(self.style)
+        held = tools.Stream(self.tools)         # text that may begin a call waits
         while (text := await events.get()) is not None:
             if text is jobs.CLOSING:        # cut short, and said so
                 self.job.cancelled = True
                 yield _error_event(jobs.SHUTTING_DOWN, 503)
                 return
             for delta in deltas.feed(text):
-                for event in blocks.feed(delta):
+                for event in blocks.feed(_held(delta, held)):
                     yield event
         failed = self.failure()
         if failed is not None:
             yield json.loads(failed.body)
             return
         for delta in deltas.flush():
-            for event in blocks.feed(delta):
+            for event in blocks.feed(_held(delta, held)):
                 yield event
-        for event in blocks.close():
+        rest, calls = held.finish()
+        for event in blocks.feed({"content": rest}) + blocks.close(calls):
             yield event
-        stop_reason, stop_sequence = self._stop()
+        stop_reason, stop_sequence = self._stop(calls)
         yield {"type": "message_delta",
                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                "usage": {"output_tokens": self.job.stats.generated_tokens}}
         yield {"type": "message_stop"}
+
+
+def _held(delta: dict, held: tools.Stream) -> dict:
+    """A content delta with what the tool-call filter lets through now."""
+    return {"content": held.feed(delta["content"])} if "content" in delta else delta
 
 
 def _error_event(message: str, status: int) -> dict:
@@ -273,9 +290,20 @@ class _Blocks:
                 {"type": "text_delta", "text": delta["content"]})]
         return []
 
-    def close(self) -> list[dict]:
-        """The last block closed; a reply without text still ends with a text block."""
-        return self._to("text") + [{"type": "content_block_stop", "index": self.index}]
+    def close(self, calls: list[dict]) -> list[dict]:
+        """The last block closed, then each call a tool_use block (its input in one delta); a
+        reply with neither text nor calls still has a text block."""
+        events = self._to("text") if self.open != "text" and not calls else []
+        events += [{"type": "content_block_stop", "index": self.index}] if self.open else []
+        for block in anthropic_tools.blocks(calls):
+            self.index += 1
+            events += [{"type": "content_block_start", "index": self.index,
+                        "content_block": {**block, "input": {}}},
+                       self._delta({"type": "input_json_delta",
+                                    "partial_json": json.dumps(block["input"])}),
+                       {"type": "content_block_stop", "index": self.index}]
+        self.open = None
+        return events
 
     def _to(self, kind: str) -> list[dict]:
         if self.open == kind:

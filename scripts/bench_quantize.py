@@ -34,16 +34,9 @@ _spec.loader.exec_module(bench)
 
 
 def ensure_tool(target: str, jobs: int = 2) -> Path:
-    """Build one llama.cpp tool next to the cached llama-bench build; return its path."""
-    version = bench.installed_llama_cpp_version()
-    build_dir = bench.CACHE_ROOT / f"llama.cpp-{version}"
-    binary = build_dir / "build" / "bin" / target
-    if binary.exists():
-        return binary
-    bench.ensure_llama_bench(build_dir, version, jobs)      # downloads, extracts and configures
-    bench.run_logged(["cmake", "--build", str(build_dir / "build"), "--config", "Release",
-                      "--target", target, "-j", str(jobs)])
-    return binary
+    """One llama.cpp tool, built by scripts/llama_tools.py if need be; return its path."""
+    import llama_tools
+    return llama_tools.ensure_tool(target, jobs=jobs)
 
 
 def timed(cmd: list[str], env: dict | None = None, output: Path | None = None) -> tuple[float, float]:

@@ -42,16 +42,8 @@ MODEL_NAME = ["?"]            # the name requests carry: the catalogue name both
 
 
 def llama_server() -> Path:
-    base = Path.home() / ".cache" / "localinfer-bench" / \
-        f"llama.cpp-{lb.installed_llama_cpp_version()}"
-    binary = base / "build-server" / "bin" / "llama-server"
-    if not binary.exists():
-        subprocess.run(["cmake", "-S", str(base / "src"), "-B", str(base / "build-server"),
-                        *[o for o in lb.CMAKE_OPTIONS if "SERVER" not in o],
-                        "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF"], check=True)
-        subprocess.run(["cmake", "--build", str(base / "build-server"), "--config", "Release",
-                        "--target", "llama-server", "-j", str(os.cpu_count() or 2)], check=True)
-    return binary
+    import llama_tools
+    return llama_tools.ensure_tool("llama-server", jobs=os.cpu_count() or 2)
 
 
 def start(kind: str, model: str, path: Path, parallel: int, ctx: int) -> tuple[subprocess.Popen, str]:

@@ -30,159 +30,32 @@ Build progress and benchmark progress go to stderr; results go to stdout.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import platform
-import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_tools import (CACHE_ROOT, CPU_BUILD, BenchError, ensure_tool,  # noqa: E402,F401
+                         installed_llama_cpp_version, log, run_logged, wheel_cpu_options)
 
 N_PROMPT = 512
 N_GEN = 128
 DEFAULT_REPETITIONS = 5
-CACHE_ROOT = Path.home() / ".cache" / "localinfer-bench"
-CMAKE_OPTIONS = [
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-]
-
-
-class BenchError(RuntimeError):
-    """A step failed; the message is printed as a single error line."""
-
-
-def log(message: str) -> None:
-    """Print a progress line to stderr."""
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------
-# Building llama-bench
-# --------------------------------------------------------------------------
-
-
-def installed_llama_cpp_version() -> str:
-    """Return the installed llama-cpp-python version."""
-    try:
-        return importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:
-        raise BenchError(
-            "llama-cpp-python is not installed in this interpreter "
-            f"({sys.executable}); install it or pass --llama-cpp-version"
-        ) from None
-
-
-def llama_bench_path(build_dir: Path, build_name: str = "build") -> Path:
-    """Where the built llama-bench binary lives inside build_dir."""
-    return build_dir / build_name / "bin" / "llama-bench"
-
-
-def run_logged(cmd: list[str], cwd: Path | None = None) -> None:
-    """Run a command with all of its output sent to stderr."""
-    log("$ " + " ".join(cmd))
-    result = subprocess.run(cmd, cwd=cwd, stdout=sys.stderr, stderr=sys.stderr)
-    if result.returncode != 0:
-        raise BenchError(f"command failed (exit {result.returncode}): {cmd[0]} {cmd[1]}")
-
-
-def download_sdist(version: str, dest: Path) -> Path:
-    """Download the llama-cpp-python sdist into dest and return its path."""
-    pattern = f"llama_cpp_python-{version}.tar.gz"
-    existing = list(dest.glob(pattern))
-    if existing:
-        return existing[0]
-    dest.mkdir(parents=True, exist_ok=True)
-    run_logged([
-        sys.executable, "-m", "pip", "download", "--no-deps",
-        "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", str(dest),
-    ])
-    found = list(dest.glob(pattern)) or list(dest.glob("llama*cpp*python*.tar.gz"))
-    if not found:
-        raise BenchError(f"pip download left no llama-cpp-python sdist in {dest}")
-    return found[0]
-
-
-def extract_vendored_llama_cpp(sdist: Path, dest: Path) -> Path:
-    """Extract vendor/llama.cpp from the sdist into dest and return dest."""
-    if (dest / "CMakeLists.txt").exists():
-        return dest
-    log(f"extracting vendor/llama.cpp from {sdist.name}")
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp, tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
-        if not members:
-            raise BenchError(f"{sdist} contains no vendor/llama.cpp directory")
-        tar.extractall(tmp, members=members, filter="data")
-        top = members[0].name.split("/", 1)[0]
-        shutil.move(str(Path(tmp) / top / "vendor" / "llama.cpp"), str(dest))
-    return dest
-
-
-def cmake_build(source: Path, build: Path, jobs: int, extra_options: tuple[str, ...] = ()) -> None:
-    """Configure and build the llama-bench target (extra_options: e.g. a GPU backend's)."""
-    if shutil.which("cmake") is None:
-        raise BenchError("cmake not found on PATH; it is needed to build llama-bench")
-    run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *extra_options])
-    run_logged(["cmake", "--build", str(build), "--config", "Release",
-                "--target", "llama-bench", "-j", str(jobs)])
-
-
-# llama_print_system_info()'s CPU features -> the ggml cmake option that compiles them in.
-WHEEL_FEATURES = {"AVX": "GGML_AVX", "AVX_VNNI": "GGML_AVX_VNNI", "AVX2": "GGML_AVX2",
-                  "F16C": "GGML_F16C", "FMA": "GGML_FMA", "BMI2": "GGML_BMI2",
-                  "AVX512": "GGML_AVX512", "AVX512_VBMI": "GGML_AVX512_VBMI",
-                  "AVX512_VNNI": "GGML_AVX512_VNNI", "AVX512_BF16": "GGML_AVX512_BF16",
-                  "AMX_INT8": "GGML_AMX_INT8", "LLAMAFILE": "GGML_LLAMAFILE",
-                  "OPENMP": "GGML_OPENMP"}
-
-
-def wheel_cpu_options() -> tuple[str, ...]:
-    """cmake options that compile llama-bench for the CPU features the installed wheel was built
-    with, instead of -march=native: both sides then run the same instruction sets, and a CPU
-    that reports a feature its hypervisor does not enable (AMX tiles in some VMs: SIGILL in a
-    native build) does not break the build's binary."""
-    import llama_cpp
-    info = llama_cpp.llama_print_system_info().decode()
-    found = dict(re.findall(r"(\w+) = (\d)", info))
-    options = {option: found.get(name) == "1" for name, option in WHEEL_FEATURES.items()}
-    # No AMX: llama-bench's repacked AMX buffers run tile loads that fault (SIGILL) where the
-    # CPU reports AMX but the VM leaves it off (measured here: tileloadd in libggml-cpu), and the
-    # wheel, loaded through llama-cpp-python, runs its matrix products without them.
-    options["GGML_AMX_INT8"] = options["GGML_AMX_TILE"] = options["GGML_AMX_BF16"] = False
-    return ("-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if on else 'OFF'}"
-                                   for option, on in options.items()))
 
 
 def ensure_llama_bench(build_dir: Path, version: str, jobs: int,
-                       extra_options: tuple[str, ...] = (), build_name: str = "build") -> Path:
-    """Return the cached llama-bench, downloading and building it if needed.
-
-    A build with other cmake options (a GPU backend) goes to its own `build_name` beside the
-    CPU one, from the same extracted source.
-    """
-    binary = llama_bench_path(build_dir, build_name)
-    if binary.exists():
-        log(f"using cached {binary}")
-        return binary
-    build_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    sdist = download_sdist(version, build_dir / "sdist")
-    source = extract_vendored_llama_cpp(sdist, build_dir / "src")
-    cmake_build(source, build_dir / build_name, jobs, extra_options)
-    if not binary.exists():
-        raise BenchError(f"build finished but {binary} does not exist")
-    log(f"built {binary} in {time.monotonic() - started:.0f} s")
-    return binary
+                       extra_options: tuple[str, ...] | None = None,
+                       build_name: str = CPU_BUILD) -> Path:
+    """The cached llama-bench of build_dir (scripts/llama_tools.py builds it if need be); a build
+    with other cmake options (a GPU backend's) goes to its own `build_name` beside the CPU one."""
+    return ensure_tool("llama-bench", jobs=jobs, extra_options=extra_options,
+                       build_name=build_name, version=version, root=build_dir)
 
 
 # --------------------------------------------------------------------------
@@ -436,8 +309,7 @@ def run(args: argparse.Namespace) -> None:
     """Build llama-bench if needed, benchmark every model, print results."""
     version = args.llama_cpp_version or installed_llama_cpp_version()
     build_dir = args.build_dir or CACHE_ROOT / f"llama.cpp-{version}"
-    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs,
-                                     wheel_cpu_options(), build_name="build-wheel-cpu")
+    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs)
     if args.build_only:
         print(llama_bench)
         return

@@ -104,10 +104,10 @@ def extract_vendored_llama_cpp(sdist: Path, dest: Path) -> Path:
     return dest
 
 
-def ensure_source(version: str | None = None) -> Path:
+def ensure_source(version: str | None = None, root: Path | None = None) -> Path:
     """The vendored llama.cpp source tree of the installed (or given) llama-cpp-python version."""
     version = version or installed_llama_cpp_version()
-    root = source_root(version)
+    root = root or source_root(version)
     root.mkdir(parents=True, exist_ok=True)
     return extract_vendored_llama_cpp(download_sdist(version, root / "sdist"), root / "src")
 
@@ -138,9 +138,11 @@ def wheel_cpu_options() -> tuple[str, ...]:
                                    for option, on in options.items()))
 
 
-def tool_path(name: str, build_name: str = CPU_BUILD, version: str | None = None) -> Path:
-    """Where tool `name` of a build folder lives (whether or not it is built yet)."""
-    return source_root(version) / build_name / "bin" / name
+def tool_path(name: str, build_name: str = CPU_BUILD, version: str | None = None,
+              root: Path | None = None) -> Path:
+    """Where tool `name` of a build folder lives (whether or not it is built yet); `root`: the
+    folder holding sdist/, src/ and the builds (default: source_root(version))."""
+    return (root or source_root(version)) / build_name / "bin" / name
 
 
 @contextmanager
@@ -155,21 +157,22 @@ def _build_lock(build: Path):
 
 
 def ensure_tool(name: str, *, jobs: int = 2, extra_options: tuple[str, ...] | None = None,
-                build_name: str = CPU_BUILD, version: str | None = None) -> Path:
+                build_name: str = CPU_BUILD, version: str | None = None,
+                root: Path | None = None) -> Path:
     """The path of llama.cpp's tool `name` (its cmake target: llama-bench, llama-server,
     llama-perplexity, llama-quantize, ...), built first if it is not there yet.
 
     `extra_options`: cmake options of the build (None: `wheel_cpu_options()`); a build with
     other options (a GPU backend's) goes to a `build_name` of its own beside the CPU one, from
     the same source."""
-    binary = tool_path(name, build_name, version)
+    binary = tool_path(name, build_name, version, root)
     if binary.exists():
         log(f"using cached {binary}")
         return binary
     if shutil.which("cmake") is None:
         raise BenchError(f"cmake not found on PATH; it is needed to build {name} "
                          "(e.g. `apt-get install cmake` or `pip install cmake`)")
-    source = ensure_source(version)
+    source = ensure_source(version, root)
     build = binary.parent.parent
     with _build_lock(build):
         if binary.exists():             # another script built it while this one waited

@@ -75,12 +75,11 @@ class _EmbeddingContext(LlamaCppSession):
         threads = options.n_threads or default_threads()
         self.n_threads = cparams.n_threads = cparams.n_threads_batch = threads
         cparams.no_perf = True
-        # An input's vector must not depend on the inputs sharing its decode, but ggml's CPU
-        # kernels pick their path by the batch's rows and cells: with flash attention (f16 or
-        # bf16 K) or an f16 K cache, "Hello!" beside a longer input moved by 5e-3 on Gemma 3 and
-        # inputs in a batch of 64 rows or more by 8e-3 on SmolLM2. Without flash attention and
-        # with the session's bf16 K (kv.py; f16 on a GPU build), it moves by at most 1e-7.
-        cparams.flash_attn_type = 0      # LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # Flash attention with the session's 16-bit cache, bf16 K on a CPU build (kv.py): twice
+        # the inputs/s of attention without it (where every token's scores span every cell of
+        # the decode), and f16 K would let batches of 64 rows or more take the tiled kernel, whose
+        # sums moved vectors by 8e-3 from a lone input's on SmolLM2 (docs/embeddings.md).
+        cparams.flash_attn_type = 1      # LLAMA_FLASH_ATTN_TYPE_ENABLED
         cparams.type_k, cparams.type_v = kv_cache_types(replace(options, kv_type="f16",
                                                                 long_prompt=False))
         return lib.llama_init_from_model(self._model, cparams)

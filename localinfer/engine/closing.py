@@ -200,10 +200,12 @@ class Closing:
             trial = self.inner.clone()
             try:
                 trial.accept(token)
-                path = _walk(trial, self.probe, MAX_WALK)
+                path = _walk(trial, self.probe, MAX_WALK, dead=True)
             finally:
                 trial.close()
-            verdict = path is not None and (
+            # A dead end is a grammar the walk cannot spell (a thinking model's forced close
+            # marker, a character without a token): not the budget's to refuse.
+            verdict = path is _DEAD or path is not None and (
                 len(path) <= room or len(self.spell.spell(self._text(path))) <= room)
             self.verdicts[token] = verdict
         return verdict
@@ -223,14 +225,20 @@ def walk(grammar: Grammar, probe: np.ndarray, most: int) -> list[int] | None:
         g.close()
 
 
-def _walk(g: Grammar, probe: np.ndarray, most: int) -> list[int] | None:
+_DEAD: list[int] = []       # a walk's verdict where no character can follow (see _fits)
+
+
+def _walk(g: Grammar, probe: np.ndarray, most: int, *, dead: bool = False) -> list[int] | None:
+    """`g` moved along the walk; its characters, or None (or _DEAD for a dead end, if asked)."""
     path: list[int] = []
     for step in range(most + 1):
         ok = g.allows(probe)
         if ok[0]:
             return path
         hit = np.flatnonzero(ok[1:])
-        if step == most or not hit.size:
+        if not hit.size:
+            return _DEAD if dead else None
+        if step == most:
             return None
         token = int(probe[1 + hit[0]])
         g.accept(token)

@@ -196,9 +196,10 @@ class Model:
         self.stats, self.reasoning = made.stats, "".join(trace) if cut else None
         prompt_cache.persist(made.cache)
         finish = made.stats.finish_reason
-        if cut is not None and cut.in_trace and finish in ("length", "context", "stop"):
-            raise LocalinferError(no_answer(finish, ask.limits.max_tokens,
-                                            self._loaded.session.n_ctx))
+        unanswered = no_answer(cut is not None and cut.in_trace, finish, ask.limits.max_tokens,
+                               self._loaded.session.n_ctx)
+        if unanswered:
+            raise LocalinferError(unanswered)
         problem = pipeline.incomplete_answer(ask, "".join(answer), made, self._loaded)
         if problem:
             raise LocalinferError(problem)

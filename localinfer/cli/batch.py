@@ -219,14 +219,14 @@ class _Lines:
         style = self.styles.pop(job.index, None)
         if style is None:
             return None
-        from localinfer.cli.thinking import no_answer
+        from localinfer.thinking.setup import no_answer
         from localinfer.thinking.split import ANSWER, REASONING, splitter
         cut = splitter(style)
         parts = cut.feed(job.text) + cut.flush()
         job.text = "".join(p.text for p in parts if p.kind == ANSWER)
         finish = job.stats.finish_reason
-        if job.error is None and cut.in_trace and finish in ("length", "context", "stop"):
-            job.error = no_answer(finish, self.limits.max_tokens, seq_ctx)
+        if job.error is None:
+            job.error = no_answer(cut.in_trace, finish, self.limits.max_tokens, seq_ctx)
         return "".join(p.text for p in parts if p.kind == REASONING)
 
     def tokens(self, session, line: str) -> list[int]:

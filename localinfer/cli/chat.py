@@ -248,7 +248,8 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
            loaded: LoadedModel, verbose: bool, style=None,
            show_trace: bool = True) -> tuple[str, str]:
     """Stream one reply; returns its answer (the trace apart) and why it ended."""
-    from localinfer.cli.thinking import Output, no_answer
+    from localinfer.cli.thinking import Output
+    from localinfer.thinking.setup import no_answer
     shown = setup.shown_markers(loaded.session, style)
     generation = Generation(cache, tokens, sampler, replace(limits, shown=shown) if shown else limits)
     out = Output(style, show_trace=show_trace)
@@ -264,8 +265,10 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
         sys.stdout.write("\n")
         sys.stdout.flush()
         cut = _cut_marker(finish, limits, loaded.session.n_ctx)
-        if out.still_thinking() and finish in ("length", "context", "stop"):
-            console.error(no_answer(finish, limits.max_tokens, loaded.session.n_ctx))
+        unanswered = no_answer(out.still_thinking(), finish, limits.max_tokens,
+                               loaded.session.n_ctx)
+        if unanswered:
+            console.error(unanswered)
         elif cut:
             console.note(cut)
         prompt_cache.persist(cache, notify=console.note if verbose else None)

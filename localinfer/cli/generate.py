@@ -87,7 +87,8 @@ def run(
     from dataclasses import replace
 
     from localinfer.cache import prompt_cache
-    from localinfer.cli.thinking import no_answer, show_by_default
+    from localinfer.cli.thinking import show_by_default
+    from localinfer.thinking.setup import no_answer
     from localinfer.engine.decode import Limits
     from localinfer.engine.prompt import uses_chat_template
     from localinfer.engine.sampling import SamplingParams
@@ -127,8 +128,9 @@ def run(
                      show_trace=show_by_default(show_thinking))
     prompt_cache.persist(generation.cache, notify=console.note if verbose else None)
     finish = generation.stats.finish_reason
-    if out.still_thinking() and finish in ("length", "context", "stop"):
-        raise LocalinferError(no_answer(finish, max_tokens, session.n_ctx))
+    unanswered = no_answer(out.still_thinking(), finish, max_tokens, session.n_ctx)
+    if unanswered:
+        raise LocalinferError(unanswered)
     problem = pipeline.incomplete_answer(ask, out.answer, generation, loaded)
     if problem:
         raise LocalinferError(problem)

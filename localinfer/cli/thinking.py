@@ -7,7 +7,6 @@ import os
 import sys
 
 from localinfer.cli import console
-from localinfer.thinking.setup import no_answer  # noqa: F401  (the CLI's name for it)
 from localinfer.thinking.split import ANSWER, splitter
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"

@@ -83,8 +83,11 @@ def _one_token(session: Session, text: str) -> int | None:
     return tokens[0] if len(tokens) == 1 and session.token_text(tokens[0]) == text else None
 
 
-def no_answer(finish: str, max_tokens: int, n_ctx: int) -> str:
-    """Why the model wrote no answer: its trace used up -n or the context, or it ended there."""
+def no_answer(in_trace: bool, finish: str, max_tokens: int, n_ctx: int) -> str | None:
+    """Why the model wrote no answer (its trace used up -n or the context, or it ended there),
+    or None when the answer began."""
+    if not in_trace or finish not in ("length", "context", "stop"):
+        return None
     if finish == "stop":
         return ("no answer: the model ended its output inside its trace; try again, or give "
                 "--think-budget N so that the trace ends after N tokens")

@@ -93,3 +93,28 @@ def smollm_wearing(template: str, directory: Path, name: str) -> Path:
     from gguf_patch import set_value
     source = MODELS_HOME / "data" / "models" / "smollm2-135m-instruct" / "smollm2-135m-instruct-Q4_1.gguf"
     return set_value(source, directory / f"{name}.gguf", "tokenizer.chat_template", template)
+
+
+def start_server(model: str, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`localinfer serve MODEL --offline ARGS` on a free port, once /health answers: the process
+    (stdout and stderr piped, for the test to read) and its base URL."""
+    import time
+    import urllib.error
+    import urllib.request
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", model, "--offline",
+                             "--port", str(port), *args],
+                            env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), **(env or {})},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return proc, url
+        except (urllib.error.URLError, ConnectionError):
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read())
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the server did not start")

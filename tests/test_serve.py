@@ -4,17 +4,15 @@ by raw HTTP for what a client library would never send."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from helpers import MODELS_HOME, free_port
+from helpers import start_server
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -22,23 +20,7 @@ MODEL = "smollm2-135m-instruct:Q4_1"
 
 
 def _start(*args: str, env: dict | None = None, ctx: str = "512") -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", "smollm2", "--offline",
-                             "--port", str(port), "--ctx", ctx, *args],
-                            env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), **(env or {})},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            return proc, url
-        except (urllib.error.URLError, ConnectionError):
-            if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read())
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the server did not start")
+    return start_server("smollm2", "--ctx", ctx, *args, env=env)
 
 
 @pytest.fixture(scope="module")

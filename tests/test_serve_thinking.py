@@ -6,17 +6,14 @@ exactly as before."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 from chat_templates import GPT_OSS_20B, QWEN3, QWEN3_THINKING_2507, SMOLLM2
-from helpers import MODELS_HOME, free_port, smollm_wearing
+from helpers import smollm_wearing, start_server
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -27,23 +24,7 @@ SCHEMA = {"type": "object", "required": ["colour"], "additionalProperties": Fals
 
 
 def _start(model: str, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", model, "--offline",
-                             "--port", str(port), "--ctx", "512", "--parallel", "2", *args],
-                            env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            return proc, url
-        except (urllib.error.URLError, ConnectionError):
-            if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read())
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the server did not start")
+    return start_server(model, "--ctx", "512", "--parallel", "2", *args)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import jsonschema
 import numpy as np
 import openai
 import pytest
 from chat_templates import QWEN3_THINKING_2507
-from helpers import (GEMMA, MODELS_HOME, SMOLLM, free_port, load_file, prompt_tokens, run_cli,
+from helpers import (GEMMA, SMOLLM, start_server, load_file, prompt_tokens, run_cli,
                      smollm_wearing)
 
 from localinfer.backends import LoadOptions
@@ -212,20 +207,7 @@ def test_map_closes_every_line_within_n(models_home):
 
 @pytest.fixture(scope="module")
 def served(models_home):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", SMOLLM, "--offline",
-                             "--port", str(port), "--ctx", "512", "--parallel", "2"],
-                            env={**__import__("os").environ, "LOCALINFER_HOME": str(MODELS_HOME)},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except (urllib.error.URLError, ConnectionError):
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.1)
+    proc, url = start_server(SMOLLM, "--ctx", "512", "--parallel", "2")
     yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()

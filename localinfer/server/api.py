@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from localinfer.server import access, anthropic, guard, reasoning, tools
+from localinfer.server import access, anthropic, embeddings, guard, ollama, reasoning, tools
 from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, run
 from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, prepare, read_body
@@ -82,7 +82,8 @@ def make_app(served: Served, cors: str | None = None):
     app = Starlette(routes=[Route("/health", health), Route("/v1/models", models),
                             Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/v1/completions", completions, methods=["POST"]),
-                            *anthropic.routes(served)],
+                            *anthropic.routes(served), *ollama.routes(served),
+                            *embeddings.routes(served)],
                     middleware=middleware,
                     exception_handlers={Exception: guard.internal_error, 404: _not_found,
                                         405: _not_allowed})

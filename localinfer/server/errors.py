@@ -12,9 +12,10 @@ class BadRequest(Exception):
         super().__init__(message)
         self.param, self.status, self.code, self.headers = param, status, code, headers
 
-    def response(self) -> JSONResponse:
-        return error(str(self), self.status, param=self.param, code=self.code,
-                     headers=self.headers)
+    def response(self, reply=None) -> JSONResponse:
+        """The refusal in OpenAI's shape, or in `reply`'s (anthropic_error, ollama_error)."""
+        return (reply or error)(str(self), self.status, param=self.param, code=self.code,
+                                headers=self.headers)
 
 
 def error(message: str, status: int, *, param=None, code=None, headers=None) -> JSONResponse:
@@ -40,10 +41,26 @@ def anthropic_error(message: str, status: int, *, headers=None, **_) -> JSONResp
                         status_code=status, headers=headers)
 
 
+# Ollama's shape, for its paths (/api/*: server/ollama.py, server/embeddings.py)
+OLLAMA_PATHS = "/api"
+
+
+def ollama_error(message: str, status: int, *, headers=None, **_) -> JSONResponse:
+    """{"error": "..."}, as Ollama answers; takes error()'s arguments."""
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
 def error_for(path: str):
-    """The error reply of the API a path belongs to: error() or anthropic_error()."""
-    return anthropic_error if is_anthropic(path) else error
+    """The error reply of the API a path belongs to: error(), anthropic_error() or
+    ollama_error()."""
+    if is_anthropic(path):
+        return anthropic_error
+    return ollama_error if is_ollama(path) else error
 
 
 def is_anthropic(path: str) -> bool:
     return path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")
+
+
+def is_ollama(path: str) -> bool:
+    return path == OLLAMA_PATHS or path.startswith(OLLAMA_PATHS + "/")

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import common  # scripts/common.py
+
 
 def count(models: list[Path], reps: int) -> None:
     from localinfer.backends import LoadOptions
@@ -85,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     c = sub.add_parser("count")
-    c.add_argument("models", nargs="+", type=Path)
+    c.add_argument("models", nargs="+", type=common.gguf_file)
     c.add_argument("--reps", type=int, default=5)
     t = sub.add_parser("ttft")
     t.add_argument("models", nargs="+")

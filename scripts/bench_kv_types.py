@@ -13,11 +13,12 @@ Each configuration is (K type, V type) with flash attention on, as llama.cpp's C
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from importlib import resources
 from pathlib import Path
 
+import common  # scripts/common.py
 import numpy as np
 
 from localinfer.backends import LoadOptions
@@ -124,11 +125,19 @@ def _steps(session, toks: list[int]) -> float:
     return len(toks) / (time.perf_counter() - t)
 
 
-if __name__ == "__main__":
-    model, what = Path(sys.argv[1]), sys.argv[2]
-    if what == "exact":
-        exact(model)
-    elif what == "quality":
-        quality(model)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=common.gguf_file, help="a GGUF file")
+    parser.add_argument("mode", choices=("exact", "quality", "speed"))
+    parser.add_argument("rounds", type=int, nargs="?", default=4, help="speed only (default 4)")
+    args = parser.parse_args()
+    if args.mode == "exact":
+        exact(args.model)
+    elif args.mode == "quality":
+        quality(args.model)
     else:
-        speed(model, int(sys.argv[3]) if len(sys.argv) > 3 else 4)
+        speed(args.model, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import common  # scripts/common.py
+
 from localinfer.fit import memory
 from localinfer.measure import quality
 
@@ -78,7 +80,7 @@ def _variants(models: list[Path], types: list[str], work: Path) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("models", nargs="+", type=common.gguf_file)
     parser.add_argument("--ctx", nargs="+", type=int, default=[512, 4096])
     parser.add_argument("--backend", default=None, help="pass --backend to every run")
     parser.add_argument("--types", nargs="*", default=[], help="also these types of each model")

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compare `localinfer bench --backend mlx` with mlx-lm's own generation loop on the same model.
 
-Run it on an Apple Silicon Mac (`pip install "localinfer[mlx]"`); on Linux it runs against MLX's
-CPU build, which says little about Metal. It answers: does localinfer's decode loop, which samples
+Run it on an Apple Silicon Mac (`pip install "localinfer[mlx]"`); elsewhere it says so in one line
+and exits 2, unless `--cpu` asks for MLX's CPU build (Linux), which says little about Metal. It answers: does localinfer's decode loop, which samples
 in numpy above the backend boundary, keep up with mlx-lm's `generate_step` (sampling on the device,
 the next step queued asynchronously)? The bar is a ratio of at least 0.95.
 
@@ -15,6 +15,7 @@ Usage:
 
     python scripts/bench_mlx.py smollm2 gemma-3-270m
     python scripts/bench_mlx.py path/to/model.gguf -n 128 -r 5 --json
+    python scripts/bench_mlx.py smollm2 --cpu --rounds 1 -n 32 -r 2      # Linux, MLX's CPU build
 
 Progress goes to stderr; the markdown table (or JSON) to stdout.
 """
@@ -22,7 +23,9 @@ Progress goes to stderr; the markdown table (or JSON) to stdout.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import platform
 import statistics
 import subprocess
 import sys
@@ -31,6 +34,17 @@ import time
 import common  # scripts/common.py
 
 BAR = 0.95
+EXIT_CANNOT_RUN = 2           # as scripts/gpu_check.py: this machine cannot run the comparison
+
+
+def cannot_run(cpu: bool) -> str | None:
+    """Why this machine cannot run the comparison (one line), or None."""
+    if not (sys.platform == "darwin" and platform.machine() == "arm64") and not cpu:
+        return ("not an Apple Silicon Mac: MLX's Metal backend is what this compares; pass --cpu "
+                "to run it on MLX's CPU build instead (slow, and it says little about Metal)")
+    if importlib.util.find_spec("mlx") is None or importlib.util.find_spec("mlx_lm") is None:
+        return "MLX is not installed: pip install \"localinfer[mlx]\""
+    return None
 
 
 def localinfer_decode(model: str, n_gen: int, repetitions: int) -> float:
@@ -82,7 +96,12 @@ def main() -> int:
     parser.add_argument("-r", "--repetitions", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="alternations of the two sides")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cpu", action="store_true",
+                        help="off Apple Silicon: compare on MLX's CPU build (Linux)")
     args = parser.parse_args()
+    if why := cannot_run(args.cpu):
+        print(f"error: {why}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
     rows = []
     for model in args.models:
         path = model_path(model)

@@ -22,7 +22,7 @@ local_window_size does the masking. genai is driven with token ids only (no toke
 prompt is the same 512 ids `localinfer bench` uses (localinfer.measure.bench._prompt_tokens).
 Checked by hand: genai's greedy ids on this copy equal OnnxSession's (12 of 12, both models).
 
-genai runs in its own venv (made here once, onnxruntime pinned to our version so both sides run
+genai runs in its own venv (made once by scripts/llama_tools.py, onnxruntime pinned to our version so both sides run
 the same ORT build) as a child process: this script started with --genai-child.
 
 Measured like `localinfer bench`: per process one warm-up and `-r` repetitions, medians; prefill =
@@ -53,9 +53,10 @@ import time
 from pathlib import Path
 
 import common  # scripts/common.py
+import llama_tools  # scripts/llama_tools.py: the cache and its venvs
 
 GENAI_VERSION = "0.18.0"      # the newest on the index; runs on onnxruntime 1.32.0 (needs >= 1.31)
-VENV = Path.home() / ".cache" / "localinfer-bench" / "genai-venv"
+VENV = "genai-venv"            # in the scripts' cache (llama_tools.cache_root())
 KEYS = ("prefill_tps", "decode_tps")
 
 
@@ -191,17 +192,11 @@ def link_weights(source: Path, target: Path) -> None:
 def ensure_venv() -> Path:
     """The venv with onnxruntime-genai, onnxruntime pinned to the project's own version."""
     from importlib.metadata import version
-    python = VENV / "bin" / "python"
     want = [f"onnxruntime-genai=={GENAI_VERSION}", f"onnxruntime=={version('onnxruntime')}"]
-    check = [str(python), "-c", "import onnxruntime_genai, onnxruntime, sys; "
+    ready = ("import onnxruntime_genai, onnxruntime, sys; "
              f"sys.exit(onnxruntime_genai.__version__ != '{GENAI_VERSION}' or "
-             f"onnxruntime.__version__ != '{version('onnxruntime')}')"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return python
-    note(f"making {VENV} with {' '.join(want)}")
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *want, "numpy"], check=True)
-    return python
+             f"onnxruntime.__version__ != '{version('onnxruntime')}')")
+    return llama_tools.ensure_venv(VENV, [*want, "numpy"], ready)
 
 
 # -- measuring -------------------------------------------------------------------------------------
@@ -228,7 +223,7 @@ def run_ours(model: str, args) -> dict:
 
 def compare(model: str, python: Path, args) -> list[dict]:
     rounds = []
-    with tempfile.TemporaryDirectory(prefix="genai-", dir=VENV.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix="genai-", dir=llama_tools.cache_root()) as tmp:
         prepare(model, Path(tmp), args)
         for i in range(args.rounds):
             order = ("genai", "ours") if i % 2 == 0 else ("ours", "genai")
@@ -294,7 +289,10 @@ def main() -> None:
     if not args.threads:            # what `localinfer bench` picks, given to both sides explicitly
         from localinfer.machine import default_threads
         args.threads = default_threads()
-    python = ensure_venv()
+    try:
+        python = ensure_venv()
+    except llama_tools.BenchError as e:
+        raise SystemExit(f"error: {e}") from None
     rounds = [r for m in args.models for r in compare(m, python, args)]
     print(json.dumps(rounds, indent=2) if args.json else table(rounds, args))
 

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import common  # scripts/common.py
+
 _ONE = """
 import sys, time
 from pathlib import Path
@@ -40,7 +42,7 @@ def rates(model: Path, k: str, lengths: list[int]) -> dict[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("models", nargs="+", type=common.gguf_file)
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 2048, 4096, 8000])
     args = parser.parse_args()
     print(f"{time.strftime('%Y-%m-%d')}, t/s of one prefill")

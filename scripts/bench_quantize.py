@@ -2,7 +2,7 @@
 """Compare ``localinfer quantize`` with llama.cpp's own ``llama-quantize``: same bytes? how fast?
 
 Builds ``llama-quantize`` from the vendored llama.cpp of the installed llama-cpp-python (cached
-beside llama-bench, see bench_vs_llama_bench.py), then for every model and type runs both tools on
+beside llama-bench, see llama_tools.py), then for every model and type runs both tools on
 the same input, alternating them for several rounds so machine noise hits both (after one untimed
 run of each, which warms the page cache and Python's bytecode cache alike), and prints a markdown
 table: median and best wall time of each, their ratios, the median extra CPU seconds (user + sys) of
@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import common  # scripts/common.py
+
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("bench_vs_llama_bench", _HERE / "bench_vs_llama_bench.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -34,9 +36,13 @@ _spec.loader.exec_module(bench)
 
 
 def ensure_tool(target: str, jobs: int = 2) -> Path:
-    """One llama.cpp tool, built by scripts/llama_tools.py if need be; return its path."""
+    """One llama.cpp tool, built by scripts/llama_tools.py if need be; return its path (or exit
+    with one error line when it cannot be built here)."""
     import llama_tools
-    return llama_tools.ensure_tool(target, jobs=jobs)
+    try:
+        return llama_tools.ensure_tool(target, jobs=jobs)
+    except llama_tools.BenchError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def timed(cmd: list[str], env: dict | None = None, output: Path | None = None) -> tuple[float, float]:
@@ -86,7 +92,7 @@ def compare(model: Path, qtype: str, tool: Path, rounds: int, threads: int, work
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("models", nargs="+", type=common.gguf_file)
     parser.add_argument("--types", nargs="+", default=["Q8_0", "Q4_K_M", "Q4_0"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)

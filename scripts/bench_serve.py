@@ -10,8 +10,8 @@ greedy streamed chat requests (different questions) start together; reported: ag
 tokens/s (all completion tokens / wall time), median and p95 time to first token. Then a new
 request's time to first token while the others stream, against its time on an idle server.
 
-llama-server is built once into ~/.cache/localinfer-bench (the llama-bench build's source, with
-the server target on), which takes a few minutes on 2 cores.
+llama-server is built once by scripts/llama_tools.py (the llama-bench build's source and folder,
+in ~/.cache/localinfer-bench or $LOCALINFER_BENCH_CACHE), which takes a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llama_bench as lb  # noqa: E402  (the vendored source and its build)
 import common  # noqa: E402  (scripts/common.py)
+import llama_tools  # noqa: E402  (scripts/llama_tools.py: llama-server's build)
 
 QUESTIONS = ["Tell me about the ocean.", "Describe a forest in autumn.", "What do cats like?",
              "Explain how rain forms.", "Write about a city at night.", "Describe a mountain.",
@@ -42,8 +42,11 @@ MODEL_NAME = ["?"]            # the name requests carry: the catalogue name both
 
 
 def llama_server() -> Path:
-    import llama_tools
-    return llama_tools.ensure_tool("llama-server", jobs=os.cpu_count() or 2)
+    """llama-server, built on first use; a build that cannot happen here is one error line."""
+    try:
+        return llama_tools.ensure_tool("llama-server", jobs=os.cpu_count() or 2)
+    except llama_tools.BenchError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def start(kind: str, model: str, path: Path, parallel: int, ctx: int) -> tuple[subprocess.Popen, str]:

@@ -9,6 +9,7 @@ and the same-model draft (made once with the quantizer); one JSON line per (mode
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -25,11 +26,14 @@ DRAFTERS = (("lookup", True), ("lookup", False), ("self", True))
 
 
 def main() -> None:
-    n_gen = int(sys.argv[1]) if len(sys.argv) > 1 else 96
-    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n_gen", type=int, nargs="?", default=96, help="most tokens generated")
+    parser.add_argument("repetitions", type=int, nargs="?", default=5, help="timed repetitions")
+    args = parser.parse_args()
+    n_gen, reps = args.n_gen, args.repetitions
     options = LoadOptions(n_ctx=1024)
     for name in MODELS:
-        ref, path = common.locate(name, notify=print)
+        ref, path = common.locate(name, notify=common.to_stderr)
         loaded = load_model(ref, path, backend="auto", options=options)
         for choice, adaptive in DRAFTERS:
             drafter = choose.open_drafter(choice, loaded, options=options, offline=True,

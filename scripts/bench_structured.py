@@ -21,6 +21,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import common  # scripts/common.py
+
 from localinfer.backends import LoadOptions, get
 from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits
@@ -103,7 +105,7 @@ def bench(path: Path, rounds: int, n: int, with_server: bool) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+", type=Path)
+    ap.add_argument("models", nargs="+", type=common.gguf_file)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--llama-server", action="store_true", help="llama.cpp's own server too")

@@ -9,8 +9,9 @@ Steps:
 1. Find the installed llama-cpp-python version, download its sdist with
    ``python -m pip download`` (so the user's pip configuration applies),
    extract ``vendor/llama.cpp`` and build the ``llama-bench`` target with
-   cmake.  The result is cached in
-   ``~/.cache/localinfer-bench/llama.cpp-VERSION`` and reused next time.
+   cmake (scripts/llama_tools.py).  The result is cached in
+   ``~/.cache/localinfer-bench/llama.cpp-VERSION`` (``LOCALINFER_BENCH_CACHE``
+   moves it) and reused next time.
 2. For every GGUF model given, run ``llama-bench -p 512 -n 128`` and
    ``localinfer bench`` back to back with the same threads and repetitions,
    alternating the two for several rounds so machine noise hits both sides.
@@ -37,12 +38,11 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_tools import (CACHE_ROOT, CPU_BUILD, BenchError, ensure_tool,  # noqa: E402,F401
-                         installed_llama_cpp_version, log, run_logged, wheel_cpu_options)
+from llama_tools import (CPU_BUILD, BenchError, ensure_tool,  # noqa: E402
+                         installed_llama_cpp_version, log, source_root)
 
 N_PROMPT = 512
 N_GEN = 128
@@ -103,9 +103,11 @@ def physical_cores() -> int:
 # --------------------------------------------------------------------------
 
 
-def run_json(cmd: list[str], label: str, env: dict | None = None) -> object:
-    """Run cmd, return its stdout parsed as JSON; raise BenchError on failure."""
-    log(f"running {label}: " + " ".join(cmd))
+def run_json(cmd: list[str], label: str, env: dict | None = None, quiet: bool = False) -> object:
+    """Run cmd, return its stdout parsed as JSON; raise BenchError on failure. `quiet`: no
+    progress line (a question asked before anything is measured)."""
+    if not quiet:
+        log(f"running {label}: " + " ".join(cmd))
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     except OSError as exc:
@@ -286,7 +288,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "llama-cpp-python wheel (same engine binaries on both sides)")
     parser.add_argument("--build-dir", type=Path,
                         help="llama.cpp download/build cache "
-                             "(default: ~/.cache/localinfer-bench/llama.cpp-VERSION)")
+                             "(default: llama.cpp-VERSION in $LOCALINFER_BENCH_CACHE, else "
+                             "~/.cache/localinfer-bench)")
     parser.add_argument("--llama-cpp-version",
                         help="llama-cpp-python version to build (default: installed one)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
@@ -308,7 +311,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> None:
     """Build llama-bench if needed, benchmark every model, print results."""
     version = args.llama_cpp_version or installed_llama_cpp_version()
-    build_dir = args.build_dir or CACHE_ROOT / f"llama.cpp-{version}"
+    build_dir = args.build_dir or source_root(version)
     llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs)
     if args.build_only:
         print(llama_bench)

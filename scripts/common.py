@@ -5,6 +5,7 @@ A script run as `python scripts/NAME.py` has scripts/ on sys.path, so `import co
 
 from __future__ import annotations
 
+import argparse
 import socket
 import sys
 from pathlib import Path
@@ -26,17 +27,35 @@ def locate(model: str, *, offline: bool = True, progress: bool = False,
            notify: Callable[[str], None] = quiet):
     """(reference, GGUF file) for a catalogue name, Hub name or path, resolved by localinfer's own
     rules in the store LOCALINFER_HOME names. `offline` (the default) never downloads: a model not
-    on disk is one clear error; with offline=False it is pulled first, as `localinfer run` would."""
+    on disk is one clear error (localinfer's line, exit 1); with offline=False it is pulled first,
+    as `localinfer run` would."""
+    from localinfer.errors import LocalinferError
     from localinfer.models import refs
-    _, catalogue, store = refs.context()
-    ref = refs.parse_ref(model, catalogue)
-    return ref, refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
+    try:
+        _, catalogue, store = refs.context()
+        ref = refs.parse_ref(model, catalogue)
+    except LocalinferError as e:        # no such name: localinfer's one line
+        raise SystemExit(f"error: {e}") from None
+    try:
+        return ref, refs.locate(ref, store, offline=offline, progress=progress, notify=notify)
+    except LocalinferError as e:        # not in the store (offline), or the pull failed
+        hint = f"; pull it first: localinfer pull {model}" if offline else ""
+        raise SystemExit(f"error: {e}{hint}") from None
 
 
 def model_file(model: str, *, offline: bool = True, progress: bool = False,
                notify: Callable[[str], None] = quiet) -> Path:
     """The GGUF file `model` resolves to (see `locate`)."""
     return locate(model, offline=offline, progress=progress, notify=notify)[1]
+
+
+def gguf_file(text: str) -> Path:
+    """An argparse type for a model file argument: a missing file is argparse's one error line."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"model file not found: {text} (docs/benchmarks.md, "
+                                         "step 2, says how to pull the test models)")
+    return path
 
 
 def free_port() -> int:

@@ -88,7 +88,7 @@ def _free(targets) -> int:
 def run_probe(model: Path | None, n_ctx: int) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--probe", "--ctx", str(n_ctx)]
     data = lb.run_json(cmd + ([str(model)] if model else []),
-                       f"memory probe{f' on {model.name}' if model else ''}")
+                       f"memory probe{f' on {model.name}' if model else ''}", quiet=model is None)
     if not isinstance(data, dict):
         raise lb.BenchError("the probe printed no JSON object")
     return data
@@ -239,7 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a llama-bench built with the engine's GPU backend (default: build one)")
     parser.add_argument("--build-dir", type=Path,
                         help="llama.cpp download/build cache "
-                             "(default: ~/.cache/localinfer-bench/llama.cpp-VERSION)")
+                             "(default: llama.cpp-VERSION in $LOCALINFER_BENCH_CACHE, else "
+                             "~/.cache/localinfer-bench)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel build jobs (default: CPU count)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -261,17 +262,18 @@ def build_llama_bench(backend: str, args: argparse.Namespace) -> Path:
             raise CannotCheck(f"llama-bench not found: {args.llama_bench}")
         return args.llama_bench
     version = lb.installed_llama_cpp_version()
-    build_dir = (args.build_dir or lb.CACHE_ROOT / f"llama.cpp-{version}").expanduser()
+    build_dir = (args.build_dir or lb.source_root(version)).expanduser()
     return lb.ensure_llama_bench(build_dir, version, args.jobs, (gpu.BUILDS[backend].cmake,),
                                  build_name=f"build-{backend.lower()}")
 
 
 def run(args: argparse.Namespace) -> int:
+    # The GPU first: without one, nothing else here can be checked, whatever the models.
+    engine = run_probe(None, args.ctx)
+    backend = gpu_backend(engine["gpus"])
     for model in args.models:
         if not model.is_file():
             raise CannotCheck(f"model file not found: {model}")
-    engine = run_probe(None, args.ctx)
-    backend = gpu_backend(engine["gpus"])
     llama_bench = build_llama_bench(backend, args)
     rows = [check_model(model, llama_bench, args) for model in args.models]
     gpus = ", ".join(f"{g['name']} ({g['description']})" for g in engine["gpus"])

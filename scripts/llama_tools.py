@@ -1,17 +1,23 @@
-"""llama.cpp's own tools (llama-bench, llama-server, llama-perplexity, ...) built from the llama.cpp
-that the installed llama-cpp-python vendors: what the scripts measure localinfer against.
+"""What the scripts fetch and build, in one cache: llama.cpp's own tools (llama-bench,
+llama-server, llama-perplexity, ...) built from the llama.cpp that the installed llama-cpp-python
+vendors, which the scripts measure localinfer against, and the venvs of the scripts that need
+another onnxruntime beside the project's.
 
     from llama_tools import ensure_tool
     server = ensure_tool("llama-server")      # a Path; built on first use, cached after
 
-The first call downloads the llama-cpp-python sdist (`pip download`, so pip's configuration
-applies), extracts vendor/llama.cpp into ~/.cache/localinfer-bench/llama.cpp-VERSION/src and
-configures one build folder for it; each tool is then one cmake target built into that folder
-(a few minutes on 2 cores for the first, less for the next: the libraries are shared). One
-progress line per step on stderr. A build is compiled for the CPU features the wheel was built
-with (`wheel_cpu_options`), never -march=native: a VM that reports AMX but leaves it off kills a
-native build's binaries with SIGILL. Builds into one folder are serialised by a lock file, so two
-scripts started together do not run two cmake builds over each other.
+The cache is ~/.cache/localinfer-bench, or the folder LOCALINFER_BENCH_CACHE names (read here
+only: `cache_root()`), so a test can start from an empty one. The first call downloads the
+llama-cpp-python sdist (`pip download`, so pip's configuration applies), extracts vendor/llama.cpp
+into CACHE/llama.cpp-VERSION/src and configures one build folder for it; each tool is then one
+cmake target built into that folder (a few minutes on 2 cores for the first, less for the next:
+the libraries are shared). One progress line per step on stderr; each step's own output goes to
+a log file beside the build, whose tail is shown when the step fails. A missing requirement
+(cmake, a C++ compiler, pip access to the sdist) is one line saying what to install. A build is
+compiled for the CPU features the wheel was built with (`wheel_cpu_options`), never
+-march=native: a VM that reports AMX but leaves it off kills a native build's binaries with
+SIGILL. Builds into one folder are serialised by a lock file, so two scripts started together do
+not run two cmake builds over each other.
 
 Stdlib only (llama_cpp is imported only to read the wheel's CPU features).
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -30,7 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-CACHE_ROOT = Path.home() / ".cache" / "localinfer-bench"
+CACHE_ENV = "LOCALINFER_BENCH_CACHE"  # moves the whole cache (sources, builds, venvs, logs)
 CMAKE_OPTIONS = [
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",
@@ -51,6 +58,11 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
+def cache_root() -> Path:
+    """The folder everything fetched or built for the scripts lives in."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "localinfer-bench")
+
+
 def installed_llama_cpp_version() -> str:
     """The installed llama-cpp-python's version."""
     try:
@@ -62,15 +74,21 @@ def installed_llama_cpp_version() -> str:
 
 def source_root(version: str | None = None) -> Path:
     """Where one llama-cpp-python version's llama.cpp lives: sdist/, src/ and the build folders."""
-    return CACHE_ROOT / f"llama.cpp-{version or installed_llama_cpp_version()}"
+    return cache_root() / f"llama.cpp-{version or installed_llama_cpp_version()}"
 
 
-def run_logged(cmd: list[str], cwd: Path | None = None) -> None:
-    """Run a command with all of its output sent to stderr."""
-    log("$ " + " ".join(cmd))
-    result = subprocess.run(cmd, cwd=cwd, stdout=sys.stderr, stderr=sys.stderr)
+def run_logged(cmd: list[str], log_file: Path, what: str) -> None:
+    """Run one step with its output in log_file (a build's thousands of lines are not progress);
+    on failure the log's tail, then BenchError naming the step and the log."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
     if result.returncode != 0:
-        raise BenchError(f"command failed (exit {result.returncode}): {cmd[0]} {cmd[1]}")
+        tail = log_file.read_text(errors="replace").splitlines()[-20:]
+        print("\n".join(tail), file=sys.stderr)
+        raise BenchError(f"{what} failed (exit {result.returncode}); its output: {log_file}")
 
 
 def download_sdist(version: str, dest: Path) -> Path:
@@ -80,9 +98,14 @@ def download_sdist(version: str, dest: Path) -> Path:
     if existing:
         return existing[0]
     dest.mkdir(parents=True, exist_ok=True)
-    log(f"downloading the llama-cpp-python {version} sdist")
-    run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                f"llama-cpp-python=={version}", "-d", str(dest)])
+    log(f"downloading the llama-cpp-python {version} sdist into {dest}")
+    try:
+        run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={version}", "-d", str(dest)],
+                   dest / "pip-download.log", "downloading the sdist")
+    except BenchError as e:
+        raise BenchError(f"{e}: pip needs access to the package index (or put "
+                         f"{pattern} into {dest} by hand)") from None
     found = list(dest.glob(pattern)) or list(dest.glob("llama*cpp*python*.tar.gz"))
     if not found:
         raise BenchError(f"pip download left no llama-cpp-python sdist in {dest}")
@@ -145,6 +168,16 @@ def tool_path(name: str, build_name: str = CPU_BUILD, version: str | None = None
     return (root or source_root(version)) / build_name / "bin" / name
 
 
+def check_build_tools(name: str) -> None:
+    """One line naming what is missing to build tool `name`, before anything is downloaded."""
+    if shutil.which("cmake") is None:
+        raise BenchError(f"cmake not found on PATH; it is needed to build {name} "
+                         "(e.g. `apt-get install cmake` or `pip install cmake`)")
+    if not any(shutil.which(cxx) for cxx in ("c++", "g++", "clang++")):
+        raise BenchError(f"no C++ compiler (c++, g++ or clang++) on PATH; one is needed to build "
+                         f"{name} (e.g. `apt-get install g++`, or Xcode's command line tools)")
+
+
 @contextmanager
 def _build_lock(build: Path):
     build.mkdir(parents=True, exist_ok=True)
@@ -169,9 +202,7 @@ def ensure_tool(name: str, *, jobs: int = 2, extra_options: tuple[str, ...] | No
     if binary.exists():
         log(f"using cached {binary}")
         return binary
-    if shutil.which("cmake") is None:
-        raise BenchError(f"cmake not found on PATH; it is needed to build {name} "
-                         "(e.g. `apt-get install cmake` or `pip install cmake`)")
+    check_build_tools(name)
     source = ensure_source(version, root)
     build = binary.parent.parent
     with _build_lock(build):
@@ -179,14 +210,37 @@ def ensure_tool(name: str, *, jobs: int = 2, extra_options: tuple[str, ...] | No
             return binary
         started = time.monotonic()
         options = wheel_cpu_options() if extra_options is None else extra_options
-        log(f"building {name} into {build} (a few minutes the first time)")
-        run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *options])
+        log(f"configuring {build}")
+        run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *options],
+                   build / "logs" / "configure.log", "cmake's configure step")
+        log(f"building {name} in {build} (minutes the first time: the libraries too)")
         run_logged(["cmake", "--build", str(build), "--config", "Release", "--target", name,
-                    "-j", str(jobs)])
+                    "-j", str(jobs)], build / "logs" / f"{name}.log", f"the build of {name}")
         if not binary.exists():
             raise BenchError(f"the build finished but {binary} does not exist")
         log(f"built {binary} in {time.monotonic() - started:.0f} s")
     return binary
+
+
+def ensure_venv(name: str, packages: list[str], ready: str) -> Path:
+    """The python of venv `name` in the cache, made (or remade) with `packages` when the code
+    `ready` does not exit 0 in it: for a script whose other side needs an onnxruntime that would
+    replace the project's own."""
+    venv = cache_root() / name
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", ready],
+                                          capture_output=True).returncode == 0:
+        log(f"using cached {venv}")
+        return python
+    log(f"making {venv} with {' '.join(packages)} (once)")
+    logs = cache_root() / "logs"
+    run_logged([sys.executable, "-m", "venv", "--clear", str(venv)], logs / f"{name}.log",
+               f"making {venv}")
+    run_logged([str(python), "-m", "pip", "install", *packages], logs / f"{name}-pip.log",
+               f"pip install {' '.join(packages)} (it needs access to the package index)")
+    run_logged([str(python), "-c", ready], logs / f"{name}-check.log",
+               f"the check of {venv} after the install")
+    return python
 
 
 def main(argv: list[str] | None = None) -> int:

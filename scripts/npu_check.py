@@ -13,8 +13,8 @@ For every model (a catalogue name or a .gguf path):
    onnx` (which runs on that NPU), and `localinfer bench --backend onnx` beside `--backend
    llama.cpp`.
 
-Prints one table (or JSON). Exit 0 when every model runs wholly on an NPU, 1 when one does not or
-this machine lists no NPU. Nothing in it names one vendor: what differs between laptops is the
+Prints one table (or JSON). Exit 0 when every model runs wholly on an NPU, 1 when one does not, 2
+(one line saying why) when this machine has no NPU to check. Nothing in it names one vendor: what differs between laptops is the
 provider package installed (the README says which). `--device cpu` runs every step with the CPU
 provider standing in for the NPU (static graphs), to try the script on any machine.
 """
@@ -33,7 +33,7 @@ import numpy as np
 import common  # scripts/common.py
 
 GREEDY_PROMPT = "The history of the printing press begins"
-EXIT_FAILED = 1
+EXIT_FAILED, EXIT_NO_NPU = 1, 2       # as scripts/gpu_check.py: 2 = cannot check here
 
 
 def list_devices() -> list:
@@ -45,6 +45,19 @@ def list_devices() -> list:
     for t in found:
         print(f"device {t.kind}: {t.label}", file=sys.stderr)
     return found
+
+
+def no_npu_here() -> str | None:
+    """Why this machine has no NPU to check (one line), or None when ONNX Runtime lists one."""
+    from localinfer.backends.onnx import devices as onnx_devices, npu as onnx_npu
+    try:
+        if onnx_npu.npu_installed() and onnx_devices.npu_targets():
+            return None
+    except ImportError:
+        return "onnxruntime is not installed: pip install 'localinfer[onnx]'"
+    return (f"no NPU here: {onnx_npu.decide(None).reason}; install the provider package for "
+            "this laptop's NPU (README: 'NPUs'), or pass --device cpu to try the script with "
+            "the CPU provider")
 
 
 def npu_for(path: Path, stand_in: bool):
@@ -146,10 +159,11 @@ def main() -> int:
     ap.add_argument("--no-bench", action="store_true", help="skip the two benches")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    found = list_devices()
-    if args.device == "npu" and not any(t.kind == "NPU" for t in found):
-        print("no NPU: ONNX Runtime lists no NPU device here; install the provider package for "
-              "this laptop's NPU (README: 'NPUs')", file=sys.stderr)
+    missing = no_npu_here() if args.device == "npu" else None
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_NO_NPU
+    list_devices()
     rows = [check_model(m, args) for m in args.models]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["whole_graph"] for r in rows) else EXIT_FAILED

@@ -40,29 +40,24 @@ from pathlib import Path
 import numpy as np
 
 import common  # scripts/common.py
+import llama_tools  # scripts/llama_tools.py: the cache and its venvs
 from openvino_runner import recording, save_calls   # the calls' format: both sides there
 
-VENV = Path.home() / ".cache" / "localinfer-bench" / "openvino-venv"
+VENV = "openvino-venv"                          # in the scripts' cache (llama_tools.cache_root())
 PACKAGE = "onnxruntime-openvino==1.24.1"      # the newest on the index when written; has OpenVINO
 RUNNER = Path(__file__).resolve().parent / "openvino_runner.py"
 
 
-def ensure_venv(venv: Path, package: str) -> Path:
-    """The venv's python, making the venv when it lacks a working OpenVINO provider."""
-    python = venv / "bin" / "python"
-    ready = [str(python), "-c", "import onnxruntime as o, numpy; "
-             "assert 'OpenVINOExecutionProvider' in o.get_available_providers()"]
-    if python.exists() and subprocess.run(ready, capture_output=True).returncode == 0:
-        return python
-    print(f"making {venv} with {package} (once)", file=sys.stderr, flush=True)
-    for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)],
-                [str(python), "-m", "pip", "install", "-q", package, "numpy"], ready):
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["failed"]
-            print(f"cannot make the OpenVINO venv: {' '.join(cmd[:4])}: {tail[0]}")
-            sys.exit(3)
-    return python
+def ensure_venv(package: str) -> Path:
+    """The venv's python (scripts/llama_tools.py makes it when it lacks a working OpenVINO
+    provider); exit 3 with one line when it cannot be made."""
+    ready = ("import onnxruntime as o, numpy; "
+             "assert 'OpenVINOExecutionProvider' in o.get_available_providers()")
+    try:
+        return llama_tools.ensure_venv(VENV, [package, "numpy"], ready)
+    except llama_tools.BenchError as e:
+        print(f"error: cannot make the OpenVINO venv: {e}", file=sys.stderr)
+        sys.exit(3)
 
 
 def teacher_forced(run, tokens: list[int], prefill: int) -> tuple[np.ndarray, float]:
@@ -217,7 +212,6 @@ def main() -> None:
                     help="OpenVINO provider option (repeatable; default precision=ACCURACY)")
     ap.add_argument("--min-top1", type=float, help="(0.95 / 1.0)")
     ap.add_argument("--max-diff", type=float, help="max |logit diff| (none / 1e-3)")
-    ap.add_argument("--venv", type=Path, default=VENV)
     ap.add_argument("--probe", metavar="GRAPH", help="only list the ops of GRAPH OpenVINO lacks")
     args = ap.parse_args()
     for key, value in DEFAULTS[args.tiny].items():
@@ -232,7 +226,7 @@ def main() -> None:
     models = args.models or tiny or ["smollm2", "gemma-3-270m"]
     if args.tiny and (unknown := set(models) - set(tiny)):
         ap.error(f"no tiny config {', '.join(sorted(unknown))}; there are {', '.join(tiny)}")
-    python = ensure_venv(args.venv, PACKAGE)
+    python = ensure_venv(PACKAGE)
     if args.probe:
         ops = cpu_ops(python, args.probe, args)
         print(f"{args.probe}: " + (f"the CPU EP takes {dict(ops)}" if ops else "all on OpenVINO"))

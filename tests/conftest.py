@@ -49,7 +49,7 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
-OPT_IN_MARKERS = ("fuzz", "exhaustive")
+OPT_IN_MARKERS = ("fuzz", "exhaustive", "scripts")
 
 # A test that needs one of these fixtures (directly or through another fixture) loads a real model.
 REAL_MODEL_FIXTURES = frozenset({"models_home", "smollm_path", "gemma_path"})
@@ -58,8 +58,8 @@ REAL_MODEL_FIXTURES = frozenset({"models_home", "smollm_path", "gemma_path"})
 @pytest.hookimpl(tryfirst=True)   # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the real models are `slow`, whether or not they say so: the fast tier
-    (`pytest -m "not slow"`) is what is left. Long fuzz runs and exhaustive sweeps are opt-in:
-    they run only when `-m` names them."""
+    (`pytest -m "not slow"`) is what is left. Long fuzz runs, exhaustive sweeps and the real runs
+    of scripts/ are opt-in: they run only when `-m` names them."""
     for item in items:
         if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

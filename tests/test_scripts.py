@@ -117,6 +117,7 @@ CHEAPEST = {
     "bench_speculative.py": ("8", "1"),
     "bench_structured.py": ("{SMOL}", "--rounds", "1", "--tokens", "32", "--llama-server"),
     "bench_thinking.py": ("smollm2", "-n", "16", "--rounds", "1"),
+    "bench_tools.py": ("smollm2", "--rounds", "1", "--tokens", "64", "--no-hermes"),
     "bench_vs_llama_bench.py": ("{SMOL}", "--rounds", "1", "-r", "1", "-t", "2", "--wheel-libs"),
     "gpu_check.py": ("{SMOL}", "--rounds", "1", "-r", "1"),
     "llama_tools.py": TOOLS,                       # all built by then: it names them

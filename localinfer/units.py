@@ -1,7 +1,9 @@
-"""Byte sizes as people write them (4GB, 512M, 1.5 GiB) and as localinfer prints them."""
+"""Byte sizes as people write them (4GB, 512M, 1.5 GiB) and as localinfer prints them; durations as
+Ollama reads them (5m, 1h30m, 300)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from localinfer.errors import UsageError
@@ -32,3 +34,31 @@ def human_size(n: float) -> str:
 def counted(n: int, singular: str, plural: str | None = None) -> str:
     """'1 entry', '2 entries', '1,024 tokens': a count with its noun agreeing."""
     return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
+
+
+# Go's time.ParseDuration, which Ollama's keep_alive goes through: a sign, then number-unit pairs.
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0,
+                   "m": 60.0, "h": 3600.0}
+_PART = r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
+_DURATION = re.compile(rf"([+-]?)((?:{_PART})+)")
+_SECONDS = re.compile(r"[+-]?(\d+(?:\.\d*)?|\.\d+)")
+
+
+def parse_duration(value: str | int | float, source: str) -> float:
+    """A keep-alive as Ollama reads it, in seconds: a number of seconds (300, "300"), or a Go
+    duration ("5m", "1h30m", "1.5h", "0"); any negative value means forever (math.inf).
+    `source` names the option or field it came from, for the message."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and _SECONDS.fullmatch(text := value.strip()):
+        seconds = float(text)
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value.strip())):
+        sign, parts = match.group(1), re.findall(_PART, match.group(2))
+        seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in parts)
+        seconds = -seconds if sign == "-" else seconds
+    else:
+        raise UsageError(f"{source}={value!r} is not a duration; write e.g. 5m, 1h30m, 300 "
+                         "(seconds), 0 (unload when done) or -1 (keep loaded)")
+    if not math.isfinite(seconds):
+        raise UsageError(f"{source}={value!r} is not a finite duration; -1 keeps the model loaded")
+    return math.inf if seconds < 0 else seconds

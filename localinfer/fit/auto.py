@@ -70,7 +70,7 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
     prompt's length). `report` hears the notes and draws the pull's and quantization's bars."""
     n_ctx = fit.ctx if n_ctx is None else n_ctx
     check_kv_type(fit.kv_type)
-    fitting = Fitting(*_machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
+    fitting = Fitting(*machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
                       min_ctx, fit.cpu_moe)
     store = refs.model_store()
     ref = named.ref
@@ -105,7 +105,7 @@ def first_pull(ref: refs.ModelRef, store, *, n_ctx: int = 0, kv_type: str | None
     fits by its header read remotely (see `_first_from_hub`), else `ref` (its default)."""
     if ref.spec is None or not ref.spec.hub_repo:
         return ref
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers,
+    fitting = Fitting(*machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers,
                       cpu_moe=cpu_moe)
     return _first_from_hub(ref, store, fitting)
 
@@ -132,7 +132,9 @@ def _scaled(base: memory.ModelFacts, size: int) -> memory.ModelFacts:
     return memory.with_quant_size(base, size, int(base.repackable_bytes * size / base.file_size))
 
 
-def _machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.Budget]:
+def machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.Budget]:
+    """This machine and the budget a fit places against: --memory's (`memory_budget`), else
+    LOCALINFER_MEMORY_BUDGET, else what the machine has free now less headroom."""
     machine = rules.detect_machine()
     if memory_budget:
         return machine, rules.budget(machine, parse_size(memory_budget, "--memory"))
@@ -188,7 +190,7 @@ def place_file(path: Path, *, n_ctx: int, kv_type: str | None = None,
                min_ctx: int = rules.MIN_CTX, cpu_moe: int | None = None) -> rules.Placement:
     """Where a model file's layers go on this machine, for commands that load it as named (and
     for a chat whose context grows)."""
-    fitting = Fitting(*_machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx,
+    fitting = Fitting(*machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx,
                       cpu_moe)
     return fitting.place(memory.facts_from_file(path))
 

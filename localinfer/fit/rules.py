@@ -128,6 +128,15 @@ def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, 
                      cpu_moe=asked)
 
 
+def footprint(facts: memory.ModelFacts, request: memory.Request, machine: Machine, *,
+              gpu_layers: int, cpu_moe: int) -> Placement:
+    """Where a model loaded as fitted holds its memory: `needed` bytes in RAM, `on_gpu` bytes on
+    a discrete GPU, with `gpu_layers` on the GPU (-1: all) and `cpu_moe` layers' experts in RAM
+    (LoadOptions' fields, as the fit chose them)."""
+    layers = facts.n_layer + 1 if gpu_layers < 0 else gpu_layers
+    return _split(facts, request, machine, budget(machine), layers, cpu_moe or None)
+
+
 def _experts_split(facts: memory.ModelFacts, request: memory.Request, est: memory.Estimate,
                    compute: int, budget_: Budget, gpu_layers: int | None,
                    cpu_moe: int | None) -> Placement | None:

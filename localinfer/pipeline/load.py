@@ -4,6 +4,7 @@ sized to a prompt), the fixed fit of the other commands, and the batch `map` and
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localinfer.backends import BACKEND_CHOICES, LoadOptions, context_length
@@ -13,7 +14,7 @@ from localinfer.fit.options import FitOptions, Reporter
 from localinfer.models import refs
 
 if TYPE_CHECKING:
-    from localinfer.backends import Session
+    from localinfer.backends import Backend, BatchSession, Session
     from localinfer.engine.load import LoadedModel
     from localinfer.fit.request import Request, Sized
 
@@ -119,14 +120,39 @@ def _reuse_or_load(loaded: LoadedModel | None, fitted: Fitted, *, backend: str, 
     return open_ref(fitted.ref, fitted.options, backend=backend, offline=offline, report=report)
 
 
+@dataclass(frozen=True)
+class BatchFit:
+    """What map's and serve's fit chose: the model file, how to load it, the sequences its
+    context holds, and the backend that batches it."""
+
+    ref: refs.ModelRef
+    path: Path
+    options: LoadOptions
+    n_seq: int
+    backend: Backend
+
+    def load(self) -> BatchSession:
+        return self.backend.load_batch(self.path, self.options, self.n_seq)
+
+
 def open_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
                parallel: int, shared: bool = False, threads: int = 0, engine_log: bool = False,
                backend: str = "auto"):
     """(the model reference, a BatchSession of `parallel` request sequences plus the shared
-    prefix's), fitted to the memory budget as `run` fits: map's and serve's. `fit.ctx` is each
-    request's context (map), or with `shared` the pool they share, any one of them able to use
-    it all (serve; 0: the model's trained context, as far as the memory budget allows). A
-    `backend` that cannot batch is refused before anything is pulled or loaded."""
+    prefix's), fitted to the memory budget as `run` fits: map's and serve's (see fit_batch)."""
+    fitted = fit_batch(named, fit, report, parallel=parallel, shared=shared, threads=threads,
+                       engine_log=engine_log, backend=backend)
+    return fitted.ref, fitted.load()
+
+
+def fit_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
+              parallel: int, shared: bool = False, threads: int = 0, engine_log: bool = False,
+              backend: str = "auto") -> BatchFit:
+    """The fit of a BatchSession of `parallel` request sequences plus the shared prefix's, as
+    `run` fits, the file pulled if need be but nothing loaded. `fit.ctx` is each request's
+    context (map), or with `shared` the pool they share, any one of them able to use it all
+    (serve; 0: the model's trained context, as far as the memory budget allows). A `backend`
+    that cannot batch is refused before anything is pulled."""
     from localinfer import backends
     from localinfer.fit import memory
     from localinfer.gguf.header import read_header
@@ -153,4 +179,4 @@ def open_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter()
                                   gpu_layers=placed.gpu_layers, cpu_moe=placed.cpu_moe)
     architecture = str(read_header(path).metadata.get("general.architecture", "")) or None
     chosen, _ = backends.select_batch(backend, architecture, path)
-    return fitted.ref, chosen.load_batch(path, options, parallel + 1)
+    return BatchFit(fitted.ref, path, options, parallel + 1, chosen)

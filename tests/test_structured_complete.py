@@ -6,13 +6,19 @@ reproduced first: greedy answers on both real models that loop inside a string u
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
+import subprocess
+import time
+from dataclasses import dataclass
 
+import anthropic
 import jsonschema
 import numpy as np
 import openai
 import pytest
-from chat_templates import QWEN3_THINKING_2507
+from chat_templates import GEMMA3, QWEN25, QWEN3_THINKING_2507
 from helpers import (GEMMA, SMOLLM, start_server, load_file, prompt_tokens, run_cli,
                      smollm_wearing)
 
@@ -38,6 +44,16 @@ PERSON = {"type": "object", "required": ["name", "age", "city", "languages", "em
                                        "items": {"type": "string", "enum": ["en", "fr", "de"]}},
                          "employed": {"type": "boolean"},
                          "height": {"type": "number"}}}
+COUNTRY = {"type": "object", "required": ["city", "country"],
+           "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+# A tool whose call cannot fit EVENT_TOKENS unless closed early.
+EVENT = {"type": "object", "required": ["title", "place", "guests", "notes"],
+         "properties": {"title": {"type": "string"}, "place": {"type": "string"},
+                        "guests": {"type": "integer"}, "notes": {"type": "string"}}}
+EVENT_TOOL = {"type": "function", "function": {
+    "name": "add_event", "description": "Add an event to the calendar", "parameters": EVENT}}
+EVENT_ASK = "Plan a birthday party for Anna in Lyon with 12 guests; write detailed notes."
+EVENT_TOKENS = 40
 # Greedy answers that loop inside the document until -n 96 runs out (measured on 0.3.36).
 LOOPS = [(SMOLLM, "smollm", FRUITS, "List three fruits.", '"mango", "mango", "mango"'),
          (GEMMA, "gemma", CITY, "A person in JSON:", '"population":"100000000000000000')]
@@ -165,8 +181,7 @@ def test_run_exits_0_with_a_valid_document_at_every_n(request, model, name, sche
 
 def test_an_answer_that_fits_is_untouched(smollm):
     """Far from the budget nothing narrows: the answer that ends by itself is the same."""
-    schema = {"type": "object", "required": ["city", "country"],
-              "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+    schema = COUNTRY
     text, generation = _generate(smollm, schema, "Paris is in France. Extract city and country.",
                                  400)
     assert generation.stats.closed_at == -1 and generation.stats.finish_reason == "stop"
@@ -193,7 +208,9 @@ def test_a_thinking_models_answer_is_closed_after_its_trace(tmp_path, models_hom
 
 
 # -- map and serve -------------------------------------------------------------------------------
-def test_map_closes_every_line_within_n(models_home):
+def test_map_closes_every_line_within_n_and_says_so(models_home):
+    """Each --jsonl record of a line closed early carries closed_early (as run --json does), and
+    stderr counts them; an answer that ends by itself carries nothing."""
     lines = "List three fruits.\nName a fruit.\nA person in JSON:\n"
     for n in (12, 40):
         mapped = run_cli("map", SMOLLM, "{}", "--temp", "0", "-n", str(n), "--json-schema",
@@ -203,23 +220,125 @@ def test_map_closes_every_line_within_n(models_home):
         assert len(records) == 3
         for record in records:
             _valid(record["answer"], FRUITS)
+        closed = [r for r in records if r.get("closed_early")]
+        assert all(0 < r["closed_tokens"] <= n for r in closed)
+        if n == 12:         # too few for any of them to finish by itself
+            assert len(closed) == 3
+        if closed:
+            assert f"{len(closed)} of 3 answers closed their document early to fit -n {n}" \
+                in mapped.stderr
+    fits = run_cli("map", SMOLLM, "{} Extract city and country.", "--temp", "0", "-n", "400",
+                   "--json-schema", json.dumps(COUNTRY), "--jsonl", "--offline",
+                   input="Paris is in France.\n")
+    record = json.loads(fits.stdout)
+    _valid(record["answer"], COUNTRY)
+    assert "closed_early" not in record and "closed their document" not in fits.stderr
 
 
-@pytest.fixture(scope="module")
-def served(models_home):
-    proc, url = start_server(SMOLLM, "--ctx", "512", "--parallel", "2")
-    yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    url: str
+    client: openai.OpenAI
+    model: str
+    unread: bytes = b""         # stderr read past the last line `logged` returned
+
+    def logged(self, needle: str, seconds: float = 30) -> str:
+        """The next line of the request log that holds `needle` (the log line is written once
+        the response is over, so it may come a moment after the client has its answer)."""
+        deadline, fd = time.monotonic() + seconds, self.proc.stderr.fileno()
+        buffered = self.unread
+        while True:
+            *whole, buffered = buffered.split(b"\n")
+            for line in (w.decode(errors="replace") for w in whole):
+                if needle in line:
+                    self.unread = buffered
+                    return line
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise AssertionError(f"no request log line with {needle!r}")
+            buffered += os.read(fd, 65536)
+
+
+def gemma_wearing(template: str, gemma_path, directory) -> str:
+    """Gemma 3 270M (a base model: its GGUF has no chat template) with its instruct model's."""
+    from gguf_patch import add_value
+    return str(add_value(gemma_path, directory / "gemma3-it.gguf", "tokenizer.chat_template",
+                         template, 8))          # 8: a GGUF string
+
+
+# Three servers: SmolLM2 as itself and Gemma 3 wearing its instruct template (no tools in
+# either: llama.cpp's generic JSON format), SmolLM2 wearing Qwen 2.5's (the Hermes format).
+@pytest.fixture(scope="module", params=["smollm2", "gemma3", "hermes"])
+def served(request, models_home, gemma_path, tmp_path_factory):
+    """A server with -v (its request log on stderr), the openai client, the model's name."""
+    work = tmp_path_factory.mktemp(request.param)
+    model = {"smollm2": lambda: SMOLLM, "gemma3": lambda: gemma_wearing(GEMMA3, gemma_path, work),
+             "hermes": lambda: str(smollm_wearing(QWEN25, work, "qwen25"))}[request.param]()
+    proc, url = start_server(model, "--ctx", "512", "--parallel", "2", "-v")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    yield Served(proc, url, client, client.models.list().data[0].id)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
 
 
 def test_serve_closes_a_json_schema_answer_within_max_tokens(served):
-    """finish_reason stays "length" (the limit ended the reply), and the content is whole."""
+    """The content is whole; the choice says closed_early (the finish reason cannot: the model may
+    still end it itself), and so does the request's line in serve -v's log."""
     fmt = {"type": "json_schema", "json_schema": {"name": "fruits", "schema": FRUITS}}
+    ask = dict(model=served.model, temperature=0, response_format=fmt,
+               messages=[{"role": "user", "content": "List three fruits."}])
     for n in (12, 40):
-        reply = served.chat.completions.create(
-            model="smollm2-135m-instruct:Q4_1", temperature=0, max_tokens=n,
-            messages=[{"role": "user", "content": "List three fruits."}], response_format=fmt)
-        _valid(reply.choices[0].message.content, FRUITS)
+        reply = served.client.chat.completions.create(max_tokens=n, **ask)
+        choice = reply.choices[0]
+        _valid(choice.message.content, FRUITS)
         assert reply.usage.completion_tokens <= n
-        assert reply.choices[0].finish_reason in ("length", "stop")
+        assert choice.finish_reason in ("length", "stop")
+        if n == 12:
+            extra = choice.model_extra
+            assert extra["closed_early"] is True and 0 < extra["closed_tokens"] <= n
+            line = served.logged("closed_early=")
+            assert "POST /v1/chat/completions 200" in line
+            assert f"closed_early={extra['closed_tokens']}" in line
+    # Streamed, the flag is on the last chunk's choice, with the finish reason.
+    chunks = list(served.client.chat.completions.create(max_tokens=12, stream=True, **ask))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    _valid(text, FRUITS)
+    last = next(c.choices[0] for c in reversed(chunks) if c.choices and c.choices[0].finish_reason)
+    assert last.model_extra["closed_early"] is True
+
+
+def test_serve_closes_a_tool_call_within_max_tokens(served):
+    """tool_choice required, a few tokens: the call is whole, its arguments valid, closed_early
+    on the choice."""
+    reply = served.client.chat.completions.create(
+        model=served.model, temperature=0, max_tokens=EVENT_TOKENS, tools=[EVENT_TOOL],
+        tool_choice="required", messages=[{"role": "user", "content": EVENT_ASK}])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "add_event"
+    jsonschema.validate(json.loads(call.function.arguments), EVENT)
+    assert choice.model_extra["closed_early"] is True
+    assert reply.usage.completion_tokens <= EVENT_TOKENS
+
+
+def test_anthropic_tool_use_closed_early_says_so(served):
+    """The same through /v1/messages with Anthropic's client: a whole tool_use block, and
+    closed_early beside stop_reason, on the message and on a stream's message_delta."""
+    client = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+    # greedy: this client has no temperature argument, the API has the field
+    ask = dict(model=served.model, max_tokens=EVENT_TOKENS, extra_body={"temperature": 0},
+               tools=[{"name": "add_event", "description": EVENT_TOOL["function"]["description"],
+                       "input_schema": EVENT}],
+               tool_choice={"type": "any"}, messages=[{"role": "user", "content": EVENT_ASK}])
+    message = client.messages.create(**ask)
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and len(uses) == 1
+    jsonschema.validate(uses[0].input, EVENT)
+    assert message.model_extra["closed_early"] is True and message.model_extra["closed_tokens"] > 0
+    with client.messages.stream(**ask) as stream:
+        deltas = [e for e in stream if e.type == "message_delta"]
+        final = stream.get_final_message()
+    assert deltas[-1].delta.model_extra["closed_early"] is True
+    assert [b.input for b in final.content if b.type == "tool_use"] == [uses[0].input]

@@ -108,6 +108,10 @@ def map_lines(
                           show_trace=show_by_default(show_thinking) and not as_jsonl)
     finally:
         batch.close()
+    if printer.closed:
+        console.note(f"{printer.closed} of {counted(printer.count, 'answer')} closed their "
+                     f"document early to fit -n {max_tokens} (or the context); a larger -n or "
+                     f"--ctx gives the model room to finish")
     if printer.failed:
         console.warn(f"{printer.failed} of {counted(printer.count, 'line')} failed")
     if feed.error:              # the lines before it are answered; the rest is not read
@@ -290,6 +294,7 @@ class _InOrder:
         self.ready: dict[int, object] = {}
         self.traces: dict[int, str] = {}            # a thinking model's traces, until printed
         self.next = self.count = self.failed = 0    # printed, finished, failed
+        self.closed = 0             # answers the budget closed early (engine/closing.py)
 
     def read(self, index: int, line: str) -> None:
         if self.jsonl:
@@ -304,6 +309,7 @@ class _InOrder:
         self.ready[job.index] = job
         self.count += 1
         self.failed += job.error is not None
+        self.closed += job.error is None and job.stats.closed_at >= 0
         while self.next in self.ready:
             self._print(self.ready.pop(self.next))
             self.next += 1
@@ -315,6 +321,8 @@ class _InOrder:
             record = {"input": self.inputs.pop(job.index)}
             record |= {"error": job.error} if job.error else \
                 {"answer": job.text, "finish_reason": job.stats.finish_reason}
+            if not job.error and job.stats.closed_at >= 0:     # as run --json says it
+                record |= {"closed_early": True, "closed_tokens": job.stats.closed_tokens}
             if trace is not None:           # a thinking model's: beside the answer, as run --json
                 record["reasoning"] = trace
             sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -1,4 +1,5 @@
-"""One log line per request (`serve -v`): method, path, status, model, tokens and seconds.
+"""One log line per request (`serve -v`): method, path, status, model, tokens and seconds (and
+`closed_early=N` where a constrained answer's last N tokens were narrowed to close it in time).
 
 The line is written when the response is over (a stream's too), so it can say what the request
 cost. Handlers fill in what only they know (the model answered, the job) through the record this
@@ -60,5 +61,7 @@ def line(scope, status: int, entry: Record, seconds: float) -> str:
         finish = "error" if job.error else (stats.finish_reason or "cancelled")
         parts += [f"prompt={stats.prompt_tokens}", f"generated={stats.generated_tokens}",
                   f"finish={finish}"]
+        if stats.closed_at >= 0 and not job.error:     # its last N tokens closed the document
+            parts.append(f"closed_early={stats.closed_tokens}")
     parts.append(f"{seconds:.2f}s")
     return " ".join(parts)

@@ -11,7 +11,9 @@ content_block_start/delta/stop, message_delta, message_stop, an `error` event wh
 Every refusal is in Anthropic's error shape. Tools go through OpenAI's tool calls
 (server/tools.py, said in its terms by server/anthropic_tools.py): `tools` with `input_schema`,
 `tool_choice` auto, any, tool or none, `tool_use` and `tool_result` blocks in the history, and a
-reply's calls as `tool_use` blocks with stop_reason tool_use.
+reply's calls as `tool_use` blocks with stop_reason tool_use. An answer the budget closed early
+(engine/closing.py) says so in `closed_early` and `closed_tokens`, beside `stop_reason` (the
+message, or a stream's message_delta).
 """
 
 from __future__ import annotations
@@ -229,7 +231,8 @@ class _Reply:
         if text or not calls:
             content.append({"type": "text", "text": text or ""})
         content += anthropic_tools.blocks(calls)
-        return self._message(content, self._stop(calls), self.job.stats.generated_tokens)
+        return self._message(content, self._stop(calls), self.job.stats.generated_tokens) \
+            | jobs.closed_early(self.job)
 
     async def frames(self, events: asyncio.Queue):
         """Each server-sent event, framed: `event: NAME` and its JSON `data`."""
@@ -261,7 +264,8 @@ class _Reply:
             yield event
         stop_reason, stop_sequence = self._stop(calls)
         yield {"type": "message_delta",
-               "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+               "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                         **jobs.closed_early(self.job)},
                "usage": {"output_tokens": self.job.stats.generated_tokens}}
         yield {"type": "message_stop"}
 

@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from localinfer.server import access, anthropic, embeddings, guard, ollama, reasoning, tools
 from localinfer.server.errors import BadRequest, error, error_for
-from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, run
+from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
+    closed_early, run
 from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, prepare, read_body
 
 _FINISH = {"stop": "stop", "length": "length", "context": "length"}
@@ -180,7 +181,8 @@ class _Reply:
             if calls:
                 choice["message"].update(content=content, tool_calls=calls)
                 finish = "tool_calls"
-        return self._envelope({**choice, "finish_reason": finish}, usage=self._usage())
+        return self._envelope({**choice, "finish_reason": finish, **closed_early(self.job)},
+                              usage=self._usage())
 
     def _piece(self, delta: dict | None, finish: str | None) -> str:
         """One event: a chat's `delta` (content, or a thinking model's trace fields), or a
@@ -193,6 +195,7 @@ class _Reply:
         if not self.chat:
             body["object"] = "text_completion"
         if finish:
+            body["choices"][0].update(closed_early(self.job))
             body["usage"] = self._usage()
         return json.dumps(body)
 

@@ -4,7 +4,8 @@ from the scheduler's thread to the request's handler, a client that leaves cance
 or not (a non-streamed handler watches the connection while it waits, since Starlette does not
 cancel it), and a stop asked for (Served.close) ending its reply at once and whole: a 503, or the
 stream's own error event. The reply object gives the API's shapes: `frames(events)` (the framed
-server-sent events), `whole()`, `failure()` and `job`.
+server-sent events), `whole()`, `failure()` and `job`; `closed_early(job)` gives every API the
+same extra fields for an answer the budget closed early.
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ CLOSING = object()          # in a request's events: the server is stopping
 SHUTTING_DOWN = "the server is shutting down; the answer was cut short"
 # Server-sent events straight to the client: no proxy buffering, no cached copy.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def closed_early(job: Job) -> dict:
+    """`closed_early` and `closed_tokens` where the tokens left narrowed a constrained answer
+    (a schema's, a tool call's) to the shortest valid close (engine/closing.py); {} otherwise.
+    Extra fields, as llama-server adds its own: the finish reason alone cannot say it, since an
+    answer closed early may still end with the model's own end of generation ("stop")."""
+    stats = job.stats
+    return {"closed_early": True, "closed_tokens": stats.closed_tokens} \
+        if stats.closed_at >= 0 and not job.error else {}
 
 
 async def run(served, request: Request, prepared: Prepared, reply, fail=error):

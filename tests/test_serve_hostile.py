@@ -291,14 +291,20 @@ def test_a_streamed_bad_body_is_refused_before_the_stream(server, first_answer):
 def test_other_endpoints_and_methods_answer_in_json(server, first_answer):
     for path, method, status in [("/v1/nothing", "GET", 404), ("/v1/chat/completions", "GET", 405),
                                  ("/health", "POST", 405), ("/v1/models", "DELETE", 405),
-                                 ("/" + "x" * 5000, "GET", 404), ("/v1/%0a%1b[31m", "PUT", 404)]:
+                                 ("/" + "x" * 5000, "GET", 404), ("/v1/%0a%1b[31m", "PUT", 404),
+                                 ("/v1/embeddings", "GET", 405), ("/api/embed", "GET", 405),
+                                 ("/api/embeddings", "PUT", 405), ("/v1/embeddings", "POST", 400),
+                                 ("/api/embed", "POST", 400)]:
         request = urllib.request.Request(server.url + path, method=method, data=b"" if
                                          method == "POST" else None)
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(request, timeout=30)
         raw = e.value.read()
         assert e.value.code == status, raw
-        assert_openai_error(status, e.value.headers["content-type"], json.loads(raw))
+        if path.startswith("/api/"):
+            assert_ollama_error(status, e.value.headers["content-type"], json.loads(raw), status)
+        else:
+            assert_openai_error(status, e.value.headers["content-type"], json.loads(raw))
         assert len(raw) < 1000          # the path is named, within bounds
     _after(server, first_answer)
 
@@ -320,11 +326,20 @@ def _get(server, path: str, host: str | None):
                                   "127.0.0.1.nip.io:{port}", "localhost:1", "[::1]:1",
                                   "127.0.0.1:{port}0", "[::1]x", ""])
 def test_a_name_the_server_is_not_served_under_is_a_403(server, first_answer, host):
-    for path in ("/health", "/v1/models"):
+    for path in ("/health", "/v1/models", "/v1/embeddings"):
         status, kind, reply = _get(server, path, host.format(port=server.port))
         assert_openai_error(status, kind, reply, 403, 403)
         assert reply["error"]["code"] == "host_not_allowed"
+    for path in ("/api/embed", "/api/embeddings"):      # Ollama's paths: in Ollama's shape
+        status, kind, reply = _get(server, path, host.format(port=server.port))
+        assert_ollama_error(status, kind, reply, 403)
+        assert "--allowed-hosts" in reply["error"]
     _after(server, first_answer)
+
+
+def assert_ollama_error(status: int, kind: str, reply, expected: int) -> None:
+    assert status == expected and kind.startswith("application/json"), (status, kind, reply)
+    assert list(reply) == ["error"] and isinstance(reply["error"], str) and reply["error"]
 
 
 @pytest.mark.parametrize("host", ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}",
@@ -359,6 +374,20 @@ def test_a_wrong_key_of_any_length_is_a_401(models_home, tmp_path):
                               max_retries=0).models.list()
         ok = openai.OpenAI(base_url=keyed.url + "/v1", api_key="s3cret", max_retries=0)
         assert [m.id for m in ok.models.list()] == [MODEL]
+        wrong = openai.OpenAI(base_url=keyed.url + "/v1", api_key="s3cre", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.embeddings.create(model=MODEL, input="a")
+        assert len(ok.embeddings.create(model=MODEL, input="a").data) == 1
+        for path in ("/api/embed", "/api/embeddings"):    # Ollama's: a 401 in its shape
+            for key in ("s3cre", None):
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                status, kind, reply = post(keyed.url + path, json.dumps(
+                    {"model": MODEL, "input": "a", "prompt": "a"}).encode(), headers)
+                assert_ollama_error(status, kind, reply, 401)
+            status, _, reply = post(keyed.url + path, json.dumps(
+                {"model": MODEL, "input": "a", "prompt": "a"}).encode(),
+                {"Authorization": "Bearer s3cret"})
+            assert status == 200 and (reply.get("embeddings") or reply.get("embedding")), reply
     finally:
         keyed.stop()
 

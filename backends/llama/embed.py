@@ -25,6 +25,7 @@ from localinfer.backends import LoadOptions
 from localinfer.backends.llama.engine import engine
 from localinfer.backends.llama.kv import kv_cache_types
 from localinfer.backends.llama.session import LlamaCppSession
+from localinfer.backends.llama.threads import detach_pool
 from localinfer.errors import LocalinferError, ModelLoadError, UsageError
 from localinfer.machine import default_threads
 
@@ -55,6 +56,10 @@ class _EmbeddingContext(LlamaCppSession):
         except ModelLoadError:
             self.close()
             raise
+        # The server decodes with its generating context while this one embeds: the process's
+        # shared thread pool must not run both graphs at once (threads.py).
+        detach_pool(self._ctx)
+        self.threadpool = None
 
     def _new_context(self, options: LoadOptions, n_ctx: int):
         lib = engine()

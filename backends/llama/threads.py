@@ -13,6 +13,10 @@ here: the pool constructor through ggml's backend registry (as llama-bench does,
 whether the CPU backend is linked in or loaded as a module), the rest on the libllama the package
 loaded and the libggml beside it. The pools live as long as the process; contexts of one process
 (a target and its draft model) share one, which is safe because they never decode at the same time.
+A context that may decode while another does (the server's embedding context beside its generating
+one) must not share it: two graphs computed on one pool overwrite each other's plan and barriers
+(measured: a greedy chat answer turned to garbage while embeddings were computed), so it is
+detached from the pool (`detach_pool`) and ggml gives each of its decodes a pool of its own.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class _PoolApi:
                                    ctypes.c_int)
         self.attach = bind(llama, "llama_attach_threadpool", None,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        self.detach = bind(llama, "llama_detach_threadpool", None, ctypes.c_void_p)
         device = bind(ggml, "ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)(
             _DEVICE_TYPE_CPU)
         if not device:
@@ -89,3 +94,11 @@ def attach_shared_pool(ctx, n_threads: int) -> int | None:
         _api().attach(ctypes.cast(ctx, ctypes.c_void_p), pool, None)   # NULL: same pool for batches
     return pool
 
+
+
+def detach_pool(ctx) -> None:
+    """Detach the shared pool from a llama_context (see the module's notes): each of its decodes
+    then runs on a pool of its own (OpenMP's team, or threads made for the call)."""
+    api = _api()
+    if api is not None:
+        api.detach(ctypes.cast(ctx, ctypes.c_void_p))

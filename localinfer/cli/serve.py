@@ -8,6 +8,7 @@ the server does not keep.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -87,7 +88,8 @@ def serve(
     verbose: int = verbose_option("-v: one line per request on stderr (method, path, status, "
                                   "model, tokens, seconds); -vv: the engine's log too."),
 ) -> None:
-    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models).
+    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
+    /v1/embeddings), Anthropic's /v1/messages and Ollama's /api/embed.
 
     The sampling, --system and thinking options are the defaults of requests that set none.
 
@@ -131,10 +133,13 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
     from localinfer.engine.prompt import uses_chat_template
     from localinfer.server import guard, listen
     from localinfer.server.api import Served, make_app
+    from localinfer.server.embedder import Embeddings, pinned
     from localinfer.server.worker import Worker
     report = reporter()
-    ref, batch = pipeline.open_batch(pipeline.name(model, fit, report), fit, report,
-                                     parallel=parallel, shared=True, **load)
+    named = pipeline.name(model, fit, report)
+    ref, batch = pipeline.open_batch(named, fit, report, parallel=parallel, shared=True, **load)
+    # opened on the first embeddings request, as `localinfer embed` opens it (--ctx 0: its default)
+    embeddings = Embeddings(pinned(named, ref), replace(fit, ctx=0), log=console.error, **load)
     try:
         if defaults.system is not None and not uses_chat_template(batch.session, False):
             console.warn("this model has no chat template; --system is ignored")
@@ -143,7 +148,7 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
         names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))
         served = Served(worker, batch.session, names, batch.n_ctx, key, hosts, port,
                         console.error, request_timeout, defaults,
-                        request_log=console.note if verbose else None)
+                        request_log=console.note if verbose else None, embeddings=embeddings)
         console.note(f"serving {names[0]} on http://{_url_host(host)}:{port}/v1 ({parallel} at "
                      f"a time, {batch.n_ctx:,} tokens of context between them)")
         try:
@@ -151,6 +156,7 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
                        on_exit=served.close)
         finally:
             worker.stop()
+            embeddings.close()
     finally:
         batch.close()
 

@@ -53,6 +53,9 @@ class Served:
     body_seconds: float = BODY_SECONDS
     defaults: Defaults = field(default_factory=Defaults)    # for what a request leaves out
     request_log: Callable[[str], None] | None = None        # one line per request (serve -v)
+    # server.embedder.Embeddings: the model opened for embeddings on the first request (None:
+    # no embeddings endpoints)
+    embeddings: object | None = None
     # the events of the requests under way, for close()
     under_way: set[asyncio.Queue] = field(default_factory=set, init=False, repr=False)
 
@@ -93,8 +96,8 @@ def make_app(served: Served, cors: str | None = None):
     return access.logged(app, served.request_log) if served.request_log else app
 
 
-_PATHS = ("/v1/chat/completions, /v1/completions, /v1/models, /v1/messages, "
-          "/v1/messages/count_tokens and /health")
+_PATHS = ("/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /v1/messages, "
+          "/v1/messages/count_tokens, /api/embed and /health")
 
 
 async def _not_found(request: Request, exc: HTTPException) -> JSONResponse:

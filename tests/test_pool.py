@@ -74,6 +74,21 @@ def test_a_fitted_model_holds_its_estimate_split_between_ram_and_gpu(machine, gp
         assert where.gpu_layers == facts.n_layer + 1
         assert where.needed < required - facts.file_size
 
+
+def test_every_name_of_one_model_is_one_model_in_the_pool(home, monkeypatch, tmp_path):
+    """The pool is keyed by Loader.key: an alias or another case is the same model (one load,
+    one budget share); a name that picks a variant, or a file, is its own."""
+    from localinfer.fit.options import FitOptions
+    from localinfer.server.loading import Loader
+    monkeypatch.setenv("LOCALINFER_HOME", str(home))
+    loader = Loader(FitOptions(offline=True))
+    assert {loader.key(n) for n in ("smollm2", "SmolLM2", "smollm2-135m-instruct")} == \
+        {"smollm2-135m-instruct"}
+    assert loader.key("smollm2:Q4_1") == "smollm2-135m-instruct:Q4_1"
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert loader.key(str(tmp_path / "." / "m.gguf")) == str(model.resolve())
+
 # -- fake models: the scheduling alone ---------------------------------------------------------------
 class FakeModel:
     def __init__(self, name: str, models: Models) -> None:
@@ -374,6 +389,18 @@ def test_close_unloads_everything_and_refuses_later_requests():
     with pytest.raises(Exception, match="shutting down"):
         pool.acquire("a")
 
+
+def test_a_load_that_ends_after_close_is_unloaded_and_its_requests_told():
+    models = Models({"a": 10})
+    gate = models.hold("a")
+    pool = make_pool(models)
+    thread, out = in_thread(pool.acquire, "a")
+    assert models.started.acquire(timeout=10)
+    pool.close()
+    gate.set()
+    thread.join(10)
+    assert str(out[0]) == "the server is shutting down"
+    assert models.closed == ["a"] and pool.status() == []
 
 def test_status_lists_what_ps_shows():
     models, clock = Models({"a": 10}), Clock()

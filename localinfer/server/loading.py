@@ -66,6 +66,15 @@ class Loader:
     use_cache: bool = True
     report: Reporter = Reporter()
 
+    def key(self, name: str) -> str:
+        """The name the pool holds a model under, the same for every name of one model (an
+        alias, another case): with its variant when the name picks one (NAME:QUANT, a file),
+        else the model's own (the fit picks the variant). `plan` takes it as a name."""
+        named = pipeline.name(name, self.fit, self.report)
+        if named.ref.path is not None:
+            return str(named.ref.path.resolve())
+        return named.ref.display if named.chosen else named.ref.spec.display_name
+
     def plan(self, name: str) -> Plan:
         named = pipeline.name(name, self.fit, self.report)
         fitted = pipeline.fit_batch(named, self.fit, self.report, parallel=self.parallel,

@@ -43,8 +43,13 @@ class Lease(Generic[M]):
     def __init__(self, pool: Pool, entry: Entry) -> None:
         self._pool, self._entry, self._held = pool, entry, True
         self.name: str = entry.name
-        self.model: M = entry.model
         self.plan: Plan = entry.plan
+
+    @property
+    def model(self) -> M:
+        # Read through the entry, which lets go of the model once it is unloaded: a lease kept
+        # after its release does not keep the model's Python side (a 262k-token vocabulary) alive.
+        return self._entry.model
 
     def release(self) -> None:
         if self._held:
@@ -223,29 +228,33 @@ class Pool(Generic[M]):
                 del self._models[entry.name]
                 self._notify()
                 raise _Abandoned
-            victims_ = victims(self._models.values(), self._freeing, entry.plan.need, self.room) \
-                if self._room_queue[0] is entry else None
-            if victims_ is not None:
+            first = self._room_queue[0] is entry
+            going = victims(self._models.values(), self._freeing, entry.plan.need,
+                            self.room) if first else None
+            if going is not None:
                 self._room_queue.pop(0)
-                for victim in victims_:
+                for victim in going:
                     del self._models[victim.name]
                     self._freeing += victim.plan.need
                 entry.state = LOADING
                 self._notify()          # the next load in line may look for room now
-                return victims_
+                return going
             self._changed.wait()
 
     def _loaded(self, entry: Entry, model: M, seconds: float) -> None:
         with self._lock:
-            entry.model, entry.state = model, READY
-            entry.last_used = now = self._clock()
-            if entry.waiters == 0:      # everyone who asked has gone: idle from now
-                entry.expires_at = now + entry.keep_alive
             closed = self._closed
-            self._notify()
+            if not closed:
+                entry.model, entry.state = model, READY
+                entry.last_used = now = self._clock()
+                if entry.waiters == 0:      # everyone who asked has gone: idle from now
+                    entry.expires_at = now + entry.keep_alive
+                self._notify()
+        if closed:          # stopped while it loaded: its requests get the stop, not the model
+            self._fail(entry, LocalinferError("the server is shutting down"))
+            self._unload(model)
+            return
         self._log(f"loaded {entry.name} ({human_size(entry.plan.need.total)}, {seconds:.1f} s)")
-        if closed:
-            self.close()
 
     def _fail(self, entry: Entry, error: BaseException) -> None:
         if not isinstance(error, LocalinferError):
@@ -257,7 +266,7 @@ class Pool(Generic[M]):
             if self._models.get(entry.name) is entry:
                 del self._models[entry.name]
             self._notify()
-        self._log(f"{entry.name}: {error}")
+        self._log(str(error) if entry.name in str(error) else f"{entry.name}: {error}")
 
     # -- unloading ---------------------------------------------------------------------------------
     def _close(self, entries: list[Entry], why: str) -> None:
@@ -269,6 +278,7 @@ class Pool(Generic[M]):
             except Exception as e:      # noqa: BLE001 - counted as freed: the model is gone
                 self._log(f"unloading {entry.name} failed: {e}")
             with self._lock:
+                entry.model = None
                 self._freeing -= entry.plan.need
                 self._notify()
 

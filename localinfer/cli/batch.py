@@ -58,7 +58,8 @@ def map_lines(
                                   help="Do not restore prompts from the prompt cache."),
     as_jsonl: bool = typer.Option(False, "--jsonl", rich_help_panel=OUTPUT,
                                   help="One JSON object per line: input, answer, finish reason "
-                                  "(or error)."),
+                                  "(or error); closed_early where -n cut a --json-schema "
+                                  "answer short and its document was closed to fit."),
     json_schema: Optional[str] = json_schema_option("Each answer is one JSON document valid "
                                                     "against this schema (a file or inline "
                                                     "JSON)."),

@@ -134,10 +134,12 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
     from localinfer.server import guard, listen
     from localinfer.server.api import Served, make_app
     from localinfer.server.embedder import Embeddings, pinned
+    from localinfer.server.loading import need_of
     from localinfer.server.worker import Worker
     report = reporter()
     named = pipeline.name(model, fit, report)
-    ref, batch = pipeline.open_batch(named, fit, report, parallel=parallel, shared=True, **load)
+    fitted = pipeline.fit_batch(named, fit, report, parallel=parallel, shared=True, **load)
+    ref, batch = fitted.ref, fitted.load()
     # opened on the first embeddings request, as `localinfer embed` opens it (--ctx 0: its default)
     embeddings = Embeddings(pinned(named, ref), replace(fit, ctx=0), log=console.error, **load)
     try:
@@ -148,7 +150,8 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
         names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))
         served = Served(worker, batch.session, names, batch.n_ctx, key, hosts, port,
                         console.error, request_timeout, defaults,
-                        request_log=console.note if verbose else None, embeddings=embeddings)
+                        request_log=console.note if verbose else None, embeddings=embeddings,
+                        need=need_of(fitted)[0])
         console.note(f"serving {names[0]} on http://{_url_host(host)}:{port}/v1 ({parallel} at "
                      f"a time, {batch.n_ctx:,} tokens of context between them)")
         try:

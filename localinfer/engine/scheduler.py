@@ -56,6 +56,15 @@ class Job:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Occupancy:
+    """What the scheduler holds, published from its thread whole for readers in others (/metrics):
+    one attribute replaced, never a structure read while the scheduler changes it."""
+
+    running: int = 0          # requests being decoded
+    cells_used: int = 0       # KV cells holding tokens: the prefix's, running and kept slots'
+
+
 class _SeqView:
     """What an Emitter reads of a session, for one sequence: its share of the context."""
 
@@ -114,6 +123,7 @@ class Scheduler:
         # The positions one request may fill: its share of the pool, or what the caller allows
         self.seq_ctx = min(request_ctx or batch.n_ctx // self.parallel, batch.n_ctx)
         self._failures = 0              # llama_decode failures in a row
+        self.occupancy = Occupancy()
         batch.clear()                   # it starts from an empty pool: nothing it cannot account for
         if len(prefix) > 1:             # no longer than a request may be: it is part of each
             self._eval_prefix(list(prefix)[:self.seq_ctx - 1])
@@ -134,6 +144,7 @@ class Scheduler:
         waiting, running = deque(jobs), {}
         free = list(range(self.parallel))[::-1]
         while waiting or running or arrivals:
+            self._publish(running)
             if arrivals:
                 came = arrivals(not (waiting or running))
                 if came is None:
@@ -171,6 +182,7 @@ class Scheduler:
             waiting.popleft()
             free.remove(seq)
             running[seq] = self._start(job, seq)
+            self._publish(running)
 
     def _reserve(self, job: Job) -> int:
         """The positions admission promises a job: its prompt and max_tokens (else one token)."""
@@ -237,7 +249,13 @@ class Scheduler:
             self.batch.forget(seq)
         if reason:
             done.job.stats.finish_reason = reason
+        self._publish(running)          # before its reply goes: a scrape after it sees it gone
         on_done(done.job)
+
+    def _publish(self, running: dict) -> None:
+        own = sum(r.pos - r.from_prefix for r in running.values())
+        kept = sum(len(t) - n for t, n in self._kept.values())
+        self.occupancy = Occupancy(len(running), len(self.prefix) + own + kept)
 
     def _refused(self, job: Job) -> bool:
         if not job.prompt:

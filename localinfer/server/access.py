@@ -1,5 +1,6 @@
 """One log line per request (`serve -v`): method, path, status, model, tokens and seconds (and
-`closed_early=N` where a constrained answer's last N tokens were narrowed to close it in time).
+`closed_early=N` where a constrained answer's last N tokens were narrowed to close it in time);
+and, logged or not, the request counted by path and status for /metrics.
 
 The line is written when the response is over (a stream's too), so it can say what the request
 cost. Handlers fill in what only they know (the model answered, the job) through the record this
@@ -28,8 +29,10 @@ def record(scope) -> Record | None:
     return scope.get(_KEY)
 
 
-def logged(app, log: Callable[[str], None]):
-    """`app`, with one `log` line per HTTP request once its response is over."""
+def logged(app, log: Callable[[str], None] | None,
+           count: Callable[[str, int], None] | None = None):
+    """`app`, with one `log` line per HTTP request once its response is over (none: no log), and
+    `count(path, status)` then (/metrics' requests by endpoint and status)."""
     async def logging_app(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
@@ -43,7 +46,10 @@ def logged(app, log: Callable[[str], None]):
         try:
             await app(scope, receive, watched)
         finally:
-            log(line(scope, status[0], entry, time.perf_counter() - started))
+            if count is not None:
+                count(scope["path"], status[0])
+            if log is not None:
+                log(line(scope, status[0], entry, time.perf_counter() - started))
     return logging_app
 
 

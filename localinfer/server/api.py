@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.server import access, anthropic, embeddings, guard, ollama, reasoning, tools
+from localinfer.server import served_metrics
 from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
     closed_early, run
@@ -56,6 +57,8 @@ class Served:
     # server.embedder.Embeddings: the model opened for embeddings on the first request (None:
     # no embeddings endpoints)
     embeddings: object | None = None
+    need: object | None = None              # server.pool_state.Need: its memory, for /metrics
+    metrics: served_metrics.ServedMetrics = field(default_factory=served_metrics.ServedMetrics)
     # the events of the requests under way, for close()
     under_way: set[asyncio.Queue] = field(default_factory=set, init=False, repr=False)
 
@@ -87,17 +90,19 @@ def make_app(served: Served, cors: str | None = None):
                             Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/v1/completions", completions, methods=["POST"]),
                             *anthropic.routes(served), *ollama.routes(served),
-                            *embeddings.routes(served)],
+                            *embeddings.routes(served), *served_metrics.routes(served)],
                     middleware=middleware,
                     exception_handlers={Exception: guard.internal_error, 404: _not_found,
                                         405: _not_allowed})
+    endpoints = frozenset(route.path for route in app.routes)
     app = guard.guarded(app, key=served.api_key, hosts=served.hosts, port=served.port,
                         log=served.log)
-    return access.logged(app, served.request_log) if served.request_log else app
+    return access.logged(app, served.request_log,
+                         lambda path, status: served.metrics.request(path, status, endpoints))
 
 
 _PATHS = ("/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /v1/messages, "
-          "/v1/messages/count_tokens, /api/embed and /health")
+          "/v1/messages/count_tokens, /api/embed, /health and /metrics")
 
 
 async def _not_found(request: Request, exc: HTTPException) -> JSONResponse:

@@ -11,6 +11,7 @@ same extra fields for an answer the budget closed early.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -44,11 +45,16 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
     job = prepared.job
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     job.on_text = lambda text: _hand_over(loop, events, text)
-    if not served.worker.submit(job, lambda j: _hand_over(loop, events, None)):
+    submitted, model = time.perf_counter(), served.names[0]
+
+    def done(finished: Job) -> None:    # in the scheduler's thread: counted before the reply
+        served.metrics.generation(model, finished, time.perf_counter() - submitted)
+        _hand_over(loop, events, None)
+    if not served.worker.submit(job, done):
         return fail("too many requests are waiting; try again shortly", 429,
                     headers={"Retry-After": "1"})
     if (entry := access.record(request.scope)) is not None:
-        entry.model, entry.job = served.names[0], job
+        entry.model, entry.job = model, job
     served.under_way.add(events)
     if prepared.stream:
         return _EventStream(reply, events, served.under_way)

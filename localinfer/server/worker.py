@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 from localinfer.backends import BatchSession
-from localinfer.engine.scheduler import Job, Scheduler
+from localinfer.engine.scheduler import Job, Occupancy, Scheduler
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class Load:
+    """One model's requests and cells now (/metrics)."""
+
+    waiting: int            # submitted, not yet given a sequence
+    running: int            # being decoded
+    cells_used: int         # KV cells holding tokens
+    cells: int              # KV cells of the context
 
 
 class Worker:
@@ -30,6 +41,7 @@ class Worker:
         self._stopping = False
         self._lock = threading.Lock()
         self.error: BaseException | None = None
+        self._scheduler: Scheduler | None = None
         self._thread = threading.Thread(target=self._run, name="localinfer-scheduler", daemon=True)
         self._thread.start()
 
@@ -44,6 +56,14 @@ class Worker:
         self._queue.put(job)
         return True
 
+    def load(self) -> Load:
+        """What it holds now, from any thread: the jobs not done that have no sequence wait."""
+        held = self._scheduler.occupancy if self._scheduler else Occupancy()
+        with self._lock:
+            outstanding = len(self._callbacks)
+        return Load(max(outstanding - held.running, 0), held.running, held.cells_used,
+                    self.batch.n_ctx)
+
     def stop(self) -> None:
         """No more jobs: those running finish (or are cancelled by their handlers), then it ends."""
         self._queue.put(_STOP)
@@ -51,10 +71,11 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            Scheduler(self.batch, store=self.store, request_ctx=self.request_ctx).run(
-                [], self._done, self._arrivals)
+            self._scheduler = Scheduler(self.batch, store=self.store,
+                                        request_ctx=self.request_ctx)
+            self._scheduler.run([], self._done, self._arrivals)
         except BaseException as e:        # the engine cannot go on: later requests get a 500
-            self.error = e
+            self.error, self._scheduler = e, None       # nothing runs on it any more
             with self._lock:
                 pending, self._callbacks = list(self._callbacks.values()), {}
             for job, on_done in pending:

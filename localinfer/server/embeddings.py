@@ -92,7 +92,7 @@ async def _ollama(served, request: Request):
         body = await _body(served, request)
         model = _ollama_model(body, served.names)
         texts = _ollama_input(body.get("input"))
-        truncate = body.get("truncate", True)
+        truncate = True if body.get("truncate") is None else body["truncate"]
         if not isinstance(truncate, bool):
             raise BadRequest("truncate must be true or false")
         _check_options(body)
@@ -100,12 +100,12 @@ async def _ollama(served, request: Request):
         if texts:
             vectors, tokens, loading = await _embed(served, request, asked)
         else:                   # Ollama's way to load a model: no input, no vectors
-            vectors, tokens, loading = [], 0, (await _opened(served))[1]
+            vectors, tokens, loading = None, 0, (await _opened(served))[1]
     except BadRequest as e:
         return e.response(ollama_error)
     seconds = time.perf_counter() - started
     return _json(await asyncio.to_thread(lambda: json.dumps({
-        "model": model, "embeddings": vectors.tolist() if tokens else [],
+        "model": model, "embeddings": [] if vectors is None else vectors.tolist(),
         "total_duration": int(seconds * 1e9), "load_duration": int(loading * 1e9),
         "prompt_eval_count": tokens}).encode()))
 
@@ -197,7 +197,8 @@ def _check_options(body: dict) -> None:
     accepts them; only their shape is checked."""
     if body.get("options") is not None and not isinstance(body["options"], dict):
         raise BadRequest("options must be an object")
-    if not isinstance(body.get("keep_alive", 0), (str, int, float)):
+    keep_alive = body.get("keep_alive")
+    if keep_alive is not None and not isinstance(keep_alive, (str, int, float)):
         raise BadRequest("keep_alive must be a duration (\"5m\") or a number of seconds")
 
 

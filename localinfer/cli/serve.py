@@ -151,7 +151,7 @@ def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int,
         served = Served(worker, batch.session, names, batch.n_ctx, key, hosts, port,
                         console.error, request_timeout, defaults,
                         request_log=console.note if verbose else None, embeddings=embeddings,
-                        need=need_of(fitted)[0])
+                        need=need_of(fitted)[0], model_path=_model_path(ref))
         console.note(f"serving {names[0]} on http://{_url_host(host)}:{port}/v1 ({parallel} at "
                      f"a time, {batch.n_ctx:,} tokens of context between them)")
         try:
@@ -171,6 +171,12 @@ def _defaults(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalt
     from localinfer.server.requests import Defaults
     return Defaults(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                    repeat_penalty=repeat_penalty, seed=seed), system, think)
+
+
+def _model_path(ref):
+    """The file loaded (on disk by now: nothing is pulled), for Ollama's /api/tags and /api/show."""
+    from localinfer.models import refs
+    return refs.locate(ref, refs.model_store(), offline=True, progress=False, notify=console.note)
 
 
 def _url_host(host: str) -> str:

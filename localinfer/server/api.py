@@ -21,6 +21,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from starlette.applications import Starlette
@@ -54,6 +55,7 @@ class Served:
     body_seconds: float = BODY_SECONDS
     defaults: Defaults = field(default_factory=Defaults)    # for what a request leaves out
     request_log: Callable[[str], None] | None = None        # one line per request (serve -v)
+    model_path: Path | None = None          # the GGUF served, for Ollama's /api/tags and /api/show
     # server.embedder.Embeddings: the model opened for embeddings on the first request (None:
     # no embeddings endpoints)
     embeddings: object | None = None
@@ -102,7 +104,8 @@ def make_app(served: Served, cors: str | None = None):
 
 
 _PATHS = ("/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /v1/messages, "
-          "/v1/messages/count_tokens, /api/embed, /health and /metrics")
+          "/v1/messages/count_tokens, /health, /metrics, and Ollama's /api/chat, /api/generate, "
+          "/api/embed, /api/tags, /api/show, /api/ps and /api/version")
 
 
 async def _not_found(request: Request, exc: HTTPException) -> JSONResponse:

@@ -71,7 +71,9 @@ class _EventStream(StreamingResponse):
     gone, even before the first event, or the server stopping) its job ends with it."""
 
     def __init__(self, reply, events: asyncio.Queue, under_way: set) -> None:
-        super().__init__(reply.frames(events), media_type="text/event-stream",
+        # server-sent events, or the reply's own framing (Ollama's NDJSON)
+        super().__init__(reply.frames(events),
+                         media_type=getattr(reply, "media_type", "text/event-stream"),
                          headers=SSE_HEADERS)
         self.job, self.events, self.under_way = reply.job, events, under_way
 

@@ -192,6 +192,8 @@ def test_tags_ps_show_and_version(smollm, smollm_path):
     [running] = client.ps().models
     assert running.model == SMOLLM_NAME and running.context_length == 1024
     assert running.expires_at.year > 2300 and running.digest == listed.digest
+    # the memory it holds, as the fit estimated it: more than the weights, all in RAM on a CPU
+    assert running.size > listed.size and 0 <= running.size_vram <= running.size
     shown = client.show("smollm2")
     info = shown.modelinfo
     assert info["general.architecture"] == "llama" and info["llama.context_length"] == 8192

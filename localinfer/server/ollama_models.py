@@ -78,9 +78,7 @@ def routes(served) -> list[Route]:
         return JSONResponse({"models": [_entry(served, await model_file())]})
 
     async def ps(request: Request):
-        entry = _entry(served, await model_file())
-        return JSONResponse({"models": [{**entry, "expires_at": FOREVER, "size_vram": 0,
-                                         "context_length": served.request_ctx}]})
+        return JSONResponse({"models": [_loaded(served, await model_file())]})
 
     async def show(request: Request):
         try:
@@ -128,6 +126,15 @@ def _entry(served, f: _File) -> dict:
     name = listed_name(served.names)
     return {"name": name, "model": name, "modified_at": f.modified_at, "size": f.size,
             "digest": f.digest, "details": _details(f)}
+
+
+def _loaded(served, f: _File) -> dict:
+    """/api/ps's entry: the memory the model holds as the fit estimated it (RAM and GPU memory,
+    Ollama's size and size_vram; the file's size where no estimate was kept), kept for ever."""
+    need = served.need
+    size, vram = (need.ram + need.vram, need.vram) if need is not None else (f.size, 0)
+    return {**_entry(served, f), "size": size, "size_vram": vram, "expires_at": FOREVER,
+            "context_length": served.request_ctx}
 
 
 def _parameter_size(n: int) -> str:

@@ -89,7 +89,8 @@ def serve(
                                   "model, tokens, seconds); -vv: the engine's log too."),
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
-    /v1/embeddings), Anthropic's /v1/messages and Ollama's /api/embed.
+    /v1/embeddings), Anthropic's /v1/messages and Ollama's API (/api/chat, /api/generate,
+    /api/tags, /api/show, /api/ps, /api/embed).
 
     The sampling, --system and thinking options are the defaults of requests that set none.
 
@@ -100,6 +101,7 @@ def serve(
       localinfer serve smollm2 --parallel 4 -v
       localinfer serve qwen2.5-1.5b --host 0.0.0.0 --api-key "$KEY" --temp 0.2
       (then any OpenAI client, base_url http://127.0.0.1:8080/v1)
+      localinfer serve smollm2 --port 11434    (Ollama's port, for its clients)
     """
     from localinfer.server import guard
     key = api_key or os.environ.get(KEY_ENV) or None

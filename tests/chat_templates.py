@@ -343,6 +343,17 @@ SMOLLM3 = _published("smollm3-3b")
 # DeepSeek-R1-0528: no byte-exact copy of its tokenizer_config.json was found in the stored sources
 # (only edited copies, e.g. with an enable_thinking switch added); not kept.
 
+# -- tool-calling templates: byte for byte as llama.cpp keeps them under their published names in
+# models/templates/ (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/models/templates/, collected
+# 2026-12-02); each family's own tool-call format (localinfer/engine/toolcalls/).
+# Llama 3.1 8B Instruct: the tools in the first user message, a call as {"name", "parameters"}, one a
+# turn, results in `ipython` turns.
+LLAMA31_TOOLS = _published("meta-llama-Llama-3.1-8B-Instruct")
+# Mistral Nemo Instruct 2407: [AVAILABLE_TOOLS], [TOOL_CALLS][{"name", "arguments", "id"}], ids of 9.
+MISTRAL_NEMO = _published("mistralai-Mistral-Nemo-Instruct-2407")
+# Mistral Small 3.2 24B Instruct 2506: [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}, strftime_now.
+MISTRAL_SMALL_32 = _published("Mistral-Small-3.2-24B-Instruct-2506")
+
 REASONING = {"qwen3-thinking-2507": QWEN3_THINKING_2507,
              "deepseek-r1-distill-qwen": DEEPSEEK_R1_DISTILL_QWEN,
              "gpt-oss-20b": GPT_OSS_20B, "phi4-mini-reasoning": PHI4_MINI_REASONING,

@@ -129,21 +129,13 @@ def test_tool_choice_without_tools_is_400(served):
 
 # -- the parsers, without a model ----------------------------------------------------------------
 def test_parsers():
-    assert toolcalls.parse_hermes('Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n'
-                                  '</tool_call>') == ("Sure.", [("f", {"a": 1})])
-    assert toolcalls.parse_hermes("<tool_call>\n{\"name\": ") == ("<tool_call>\n{\"name\": ", [])
-    assert toolcalls.parse_generic('{"tool_call": {"name": "f", "arguments": {}}}') == \
-        ("", [("f", {})])
-    assert toolcalls.parse_generic('{"response": "hi"}') == ("hi", [])
-    assert toolcalls.parse_llama3('{"name": "f", "parameters": {"a": "b"}}') == \
-        ("", [("f", {"a": "b"})])
-    assert toolcalls.parse_llama3("<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; "
-                                  "{\"name\": \"g\", \"parameters\": {}}") == \
-        ("", [("f", {}), ("g", {})])
-    assert toolcalls.parse_mistral('[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}]') == \
-        ("", [("f", {"x": 1})])
-    assert toolcalls.parse_mistral('[TOOL_CALLS]f[ARGS]{"x": 1}') == ("", [("f", {"x": 1})])
-    assert toolcalls.parse_harmony('<|channel|>commentary to=functions.get_weather '
-                                   '<|constrain|>json<|message|>{"city": "Oslo"}<|call|>') == \
-        ("", [("get_weather", {"city": "Oslo"})])
-    assert toolcalls.parse_llama3("Hello there") == ("Hello there", [])
+    hermes, generic = toolcalls.HERMES.parse, toolcalls.GENERIC.parse
+    assert hermes('Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>') == \
+        ("Sure.", [("f", {"a": 1}, None)])
+    assert hermes("<tool_call>\n{\"name\": ") == ("<tool_call>\n{\"name\": ", [])
+    assert generic('{"tool_call": {"name": "f", "arguments": {}}}') == ("", [("f", {}, None)])
+    assert generic('{"tool_calls": [{"name": "f", "arguments": {}, "id": "c1"}]}') == \
+        ("", [("f", {}, "c1")])
+    assert generic('{"tool_calls": [{"name": "f"}, 3]}') == \
+        ('{"tool_calls": [{"name": "f"}, 3]}', [])
+    assert generic('{"response": "hi"}') == ("hi", [])

@@ -227,7 +227,7 @@ class _Reply:
         said = reasoning.message(self.style, self.job.text)
         trace = said.get("reasoning_content")
         content = [{"type": "thinking", "thinking": trace, "signature": ""}] if trace else []
-        text, calls = tools.split(self.tools, said["content"])
+        text, calls = tools.split(self.tools, said["content"], self.job.text)
         if text or not calls:
             content.append({"type": "text", "text": text or ""})
         content += anthropic_tools.blocks(calls)
@@ -249,6 +249,7 @@ class _Reply:
                 self.job.cancelled = True
                 yield _error_event(jobs.SHUTTING_DOWN, 503)
                 return
+            held.see(text)
             for delta in deltas.feed(text):
                 for event in blocks.feed(_held(delta, held)):
                     yield event

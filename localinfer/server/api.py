@@ -188,7 +188,7 @@ class _Reply:
         choice = {"message": reasoning.message(self.style, text)} if self.chat else \
             {"text": text, "logprobs": None}
         if self.chat and self.tools is not None:
-            content, calls = tools.split(self.tools, choice["message"]["content"])
+            content, calls = tools.split(self.tools, choice["message"]["content"], text)
             if calls:
                 choice["message"].update(content=content, tool_calls=calls)
                 finish = "tool_calls"
@@ -222,6 +222,7 @@ class _Reply:
                 self.job.cancelled = True
                 yield error(_SHUTTING_DOWN, 503, code="server_shutting_down").body.decode()
                 return
+            calls.see(text)
             for delta in deltas.feed(text):
                 if "content" in delta and not (delta := _content(delta, calls.feed)):
                     continue

@@ -187,7 +187,8 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
     grammar = tools.grammar(plan, session) if schema is None else _grammar(schema, session)
     budget = _number(body, "thinking_budget", int, defaults.think.budget, 0, 10**7) \
         if chat else None
-    grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
+    if not tools.covers_trace(plan):     # harmony's tools grammar spans the trace itself
+        grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
     constrained = None if grammar is None else _OwnFailure(ConstrainedSampler(params, grammar))
     sampler = make_sampler(params) if constrained is None else constrained
     limits = Limits(limit, stops, shown=setup.shown_markers(session, style))

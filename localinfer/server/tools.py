@@ -8,16 +8,21 @@ the model through its own template where it speaks a known format (engine/toolca
 through llama.cpp's generic format: the tools in a system message, the answer one JSON object.
 No tool's text nor a call's may spell one of the model's control tokens.
 
+`tool_choice: "none"`: the model is not shown the tools and nothing is constrained; should it write
+a call anyway (an earlier call in the history invites it), the reply keeps that text as its
+content and is never read for calls, as llama-server does: a client that said none gets no
+`tool_calls` and no finish_reason "tool_calls", and sees what the model wrote.
+
 Reply: `message.tool_calls` (id, type "function", function.name, function.arguments as a JSON
 string) and finish_reason "tool_calls"; streamed, the content as it comes (held back where it may
-begin a call) and each call whole in one delta.
+begin a call) and each call whole in one delta. A format that writes call ids (Mistral's, 9
+letters and digits its template insists on) keeps the model's.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 
 from localinfer.engine import toolcalls
@@ -37,7 +42,7 @@ class Plan:
     params: dict[str, dict]         # name -> parameters schema
     choice: str                     # "auto", "none", "required" or a tool's name
     parallel: bool
-    format: str                     # toolcalls.HERMES or GENERIC
+    format: toolcalls.ToolFormat    # the template's (toolcalls.format_of)
 
     @property
     def active(self) -> bool:
@@ -133,7 +138,7 @@ def for_template(plan_: Plan | None, messages: list[dict], template: str) -> lis
     """The messages the template renders: in the generic format, the tools and the answer's
     shape in the system message, calls and results written as text for a template without
     them."""
-    if plan_ is None or plan_.format != toolcalls.GENERIC:
+    if plan_ is None or plan_.format.renders_tools:
         return messages
     out = []
     for m in messages:
@@ -158,27 +163,31 @@ def for_template(plan_: Plan | None, messages: list[dict], template: str) -> lis
 
 def template_vars(plan_: Plan | None) -> dict:
     """The template's `tools`: in its own format, unless the request says none."""
-    if plan_ is None or not plan_.active or plan_.format == toolcalls.GENERIC:
+    if plan_ is None or not plan_.active or not plan_.format.renders_tools:
         return {}
     return {"tools": plan_.tools}
 
 
 def grammar(plan_: Plan | None, session):
-    """The grammar the reply keeps to (None: free): a call of the chosen tool(s), from the start
-    (required, a named function, the generic format) or from the format's trigger (auto)."""
+    """The grammar the reply keeps to (None: free): a call of the chosen tool(s) in the format's
+    own syntax, from the start (required, a named function, the generic format) or from the
+    format's trigger (auto)."""
     if plan_ is None or not plan_.active:
         return None
+    fmt = plan_.format
     chosen = plan_.params if plan_.choice in ("auto", "required") else \
         {plan_.choice: plan_.params[plan_.choice]}
-    if plan_.format == toolcalls.GENERIC:
-        schema = toolcalls.generic_schema(chosen, parallel=plan_.parallel,
-                                          reply=plan_.choice == "auto")
-        return session.grammar(_gbnf(schema))
-    call = toolcalls.hoisted(toolcalls.any_call(chosen), list(chosen.values()))
-    lazy = plan_.choice == "auto"
-    gbnf = toolcalls.hermes_gbnf(_gbnf(call), parallel=plan_.parallel, after_trigger=lazy)
+    lazy = plan_.choice == "auto" and bool(fmt.trigger)
+    gbnf = fmt.grammar(chosen, _gbnf, parallel=plan_.parallel and fmt.parallel,
+                       auto=plan_.choice == "auto")
     g = session.grammar(gbnf)
-    return toolcalls.trigger_gate(session, toolcalls.TRIGGER, g) if lazy else g
+    return toolcalls.trigger_gate(session, fmt.trigger, g, anchored=fmt.anchored) if lazy else g
+
+
+def covers_trace(plan_: Plan | None) -> bool:
+    """Whether the tools' grammar spans the whole output, a thinking model's trace included
+    (harmony's): then no trace gate goes around it."""
+    return plan_ is not None and plan_.active and plan_.format.covers_trace
 
 
 def _gbnf(schema: dict) -> str:
@@ -190,36 +199,62 @@ def _gbnf(schema: dict) -> str:
 
 
 # -- the reply ---------------------------------------------------------------------------------
-def split(plan_: Plan | None, content: str) -> tuple[str | None, list[dict]]:
+def split(plan_: Plan | None, content: str,
+          raw: str | None = None) -> tuple[str | None, list[dict]]:
     """The answer's content and its calls in OpenAI's shape; content None beside calls when the
-    model wrote nothing else."""
-    if plan_ is None or not plan_.active:
+    model wrote nothing else. `raw`: the whole output, markers shown, for a format that reads
+    it (harmony's calls are in message headers the reasoning split takes off)."""
+    if plan_ is None or not plan_.active:       # tool_choice none: never read for calls
         return content, []
-    text, calls = toolcalls.PARSERS[plan_.format](content)
-    calls = [(n, a) for n, a in calls if n in plan_.params]
+    fmt = plan_.format
+    text, calls = fmt.parse(raw if fmt.covers_trace and raw is not None else content)
+    calls = [c for c in calls if c.name in plan_.params]
     if not calls:
-        return (text if plan_.format == toolcalls.GENERIC else content), []
-    return (text or None), [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                             "function": {"name": n, "arguments": json.dumps(a)}}
-                            for n, a in calls]
+        return (content if fmt.covers_trace else text), []
+    ids = _ids(fmt, calls)
+    return (text or None), [{"id": i, "type": "function", "function": {
+        "name": c.name, "arguments": json.dumps(c.arguments)}} for i, c in zip(ids, calls)]
+
+
+def _ids(fmt: toolcalls.ToolFormat, calls: list[toolcalls.Call]) -> list[str]:
+    """The model's own ids where it wrote them (once each), else new ones in the format's
+    shape."""
+    ids: list[str] = []
+    for call in calls:
+        ids.append(call.id if call.id and call.id not in ids else fmt.new_id())
+    return ids
 
 
 class Stream:
     """Content deltas as they come, held back where a call may begin (all of it in the generic
-    format, whose answer is one JSON object); the calls whole at the end."""
+    format, whose answer is one JSON object, and where the call is required); the calls whole
+    at the end. `see` takes each raw piece of output, for a format whose calls show only there
+    (harmony: once a header names a function, what follows is the call)."""
 
     def __init__(self, plan_: Plan | None) -> None:
         self.plan = plan_ if plan_ is not None and plan_.active else None
-        self.text, self.sent = "", 0
+        self.text, self.sent, self.raw = "", 0, ""
+
+    def see(self, raw: str) -> None:
+        if self.plan is not None and self.plan.format.covers_trace:
+            self.raw += raw
 
     def feed(self, content: str) -> str:
         if self.plan is None:
             return content
         self.text += content
-        if self.plan.format == toolcalls.GENERIC or self.plan.choice != "auto":
+        fmt = self.plan.format
+        if not fmt.trigger or self.plan.choice != "auto":
             return ""
-        at = self.text.find(toolcalls.TRIGGER, self.sent)
-        safe = at if at >= 0 else _safe_end(self.text, self.sent)
+        if fmt.covers_trace:
+            safe = self.sent if fmt.trigger in self.raw else len(self.text)
+        elif fmt.anchored:
+            begun = self.text.lstrip()
+            safe = self.sent if begun.startswith(fmt.trigger) or \
+                fmt.trigger.startswith(begun) else len(self.text)
+        else:
+            at = self.text.find(fmt.trigger, self.sent)
+            safe = at if at >= 0 else _safe_end(self.text, self.sent, fmt.trigger)
         out, self.sent = self.text[self.sent:safe], max(self.sent, safe)
         return out
 
@@ -227,16 +262,17 @@ class Stream:
         """The content not sent yet and the calls (with `index`, as OpenAI streams them)."""
         if self.plan is None:
             return "", []
-        content, calls = split(self.plan, self.text)
+        content, calls = split(self.plan, self.text, self.raw)
         if not calls:
             return self.text[self.sent:], []
-        rest = (content or "")[self.sent:]
+        content = content or ""
+        rest = content[self.sent:] if self.text.startswith(content) else ""
         return rest, [{"index": k, **c} for k, c in enumerate(calls)]
 
 
-def _safe_end(text: str, start: int) -> int:
+def _safe_end(text: str, start: int, trigger: str) -> int:
     """Where text may be sent up to: before a tail that could begin the trigger."""
-    for k in range(min(len(toolcalls.TRIGGER) - 1, len(text) - start), 0, -1):
-        if toolcalls.TRIGGER.startswith(text[-k:]):
+    for k in range(min(len(trigger) - 1, len(text) - start), 0, -1):
+        if trigger.startswith(text[-k:]):
             return len(text) - k
     return len(text)

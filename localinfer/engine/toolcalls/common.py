@@ -1,0 +1,150 @@
+"""What every tool-call format shares: a call as read back from a reply, the JSON readers the
+parsers use, the pieces their grammars are built from, and the base each format fills in."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import uuid
+from typing import Callable, NamedTuple, Sequence
+
+
+class Call(NamedTuple):
+    name: str
+    arguments: dict
+    id: str | None = None       # the model's own id, where its format writes one (Mistral)
+
+
+Parsed = tuple[str, list[Call]]         # (the reply's content, its calls)
+Convert = Callable[[dict], str]         # a JSON schema -> GBNF whose first rule is `root`
+
+
+class ToolFormat:
+    """One model family's way of writing calls. `trigger` is the text that begins a call, where
+    `auto` switches the call's grammar on ("": the whole reply is constrained from the start);
+    `anchored`: the trigger counts only at the reply's start; `parallel`: a reply may hold several
+    calls; `renders_tools`: the template takes `tools` itself; `covers_trace`: the grammar spans
+    the model's whole output, its reasoning included, and parse reads that raw output."""
+
+    name = ""
+    trigger = ""
+    anchored = False
+    parallel = True
+    renders_tools = True
+    covers_trace = False
+
+    def grammar(self, tools: dict[str, dict], convert: Convert, *, parallel: bool,
+                auto: bool) -> str:
+        """GBNF of a reply that calls one of `tools` (name -> parameters schema): the whole
+        reply, or with `auto` what follows the trigger."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> Parsed:
+        raise NotImplementedError
+
+    def new_id(self) -> str:
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+    def __repr__(self) -> str:
+        return f"<tool format {self.name}>"
+
+
+# -- reading calls back ------------------------------------------------------------------------
+def call_of(value, *, name: str | None = None) -> Call | None:
+    """{"name": ..., "arguments" (or Llama's "parameters"): {...}} as a Call (arguments may be a
+    JSON string, as some models write them); `name` given: `value` is the arguments alone."""
+    if name is not None:
+        value = {"name": name, "arguments": value}
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    args = value.get("arguments", value.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    ident = value.get("id") if isinstance(value.get("id"), str) else None
+    return Call(value["name"], args, ident) if isinstance(args, dict) else None
+
+
+def json_at(text: str, at: int) -> tuple[object, int] | None:
+    """The JSON value that starts at `at` (spaces before it skipped) and where it ends."""
+    at = len(text) - len(text[at:].lstrip())
+    try:
+        return json.JSONDecoder().raw_decode(text, at)
+    except ValueError:
+        return None
+
+
+def calls_in(values) -> list[Call] | None:
+    """A JSON list of call objects as Calls; None unless it is a non-empty list of whole calls."""
+    if not isinstance(values, list) or not values:
+        return None
+    calls = [call_of(v) for v in values]
+    return None if None in calls else calls
+
+
+def with_calls(text: str, content: str, calls: list[Call] | None) -> Parsed:
+    """The parse's result: (content, calls) when every call was read whole, else the reply left
+    as text — half a call is never handed on."""
+    return (content, calls) if calls else (text, [])
+
+
+# -- schemas of whole calls (formats whose call is one JSON object) ------------------------------
+def call_schema(name: str, parameters: dict, *, with_id: bool = False) -> dict:
+    """One call of the tool `name` as a JSON object: {"name": name, "arguments": {...}}."""
+    props = {"name": {"const": name}, "arguments": parameters}
+    required = ["name", "arguments"]
+    if with_id:
+        props["id"] = {"type": "string", "minLength": 4, "maxLength": 32}
+        required.append("id")
+    return {"type": "object", "properties": props, "required": required,
+            "additionalProperties": False}
+
+
+def hoisted(schema: dict, parameters: Sequence[dict]) -> dict:
+    """`schema` (the tools' parameters nested inside it) with each parameters' `$defs` and
+    `definitions` moved to its top, where their `#/$defs/...` references point."""
+    schema = copy.deepcopy(schema)
+    for params in parameters:
+        for key in ("$defs", "definitions"):
+            if isinstance(params.get(key), dict):
+                schema.setdefault(key, {}).update(params[key])
+    return schema
+
+
+def any_call(tools: dict[str, dict], *, with_id: bool = False) -> dict:
+    """A call of any of `tools` (name -> parameters schema)."""
+    calls = [call_schema(n, p, with_id=with_id) for n, p in tools.items()]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+# -- grammar pieces (formats that write the name outside the arguments) ------------------------
+_GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|([A-Za-z][A-Za-z0-9-]*)')
+
+
+def literal(text: str) -> str:
+    """`text` as a GBNF string literal (JSON's escapes are GBNF's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def renamed(gbnf: str, prefix: str) -> str:
+    """Every rule of `gbnf` renamed `prefix` + name, so that several tools' grammars live in one
+    (string literals, character classes and comments left as they are)."""
+    return _GBNF_TOKEN.sub(lambda m: prefix + m.group(1) if m.group(1) else m.group(0), gbnf)
+
+
+def argument_rules(tools: dict[str, dict], convert: Convert) -> tuple[str, dict[str, str]]:
+    """Each tool's arguments as GBNF rules in one text, and the rule that is each tool's
+    arguments object (name -> rule)."""
+    texts, roots = [], {}
+    for k, (name, params) in enumerate(tools.items()):
+        texts.append(renamed(convert(params), f"t{k}-"))
+        roots[name] = f"t{k}-root"
+    return "\n".join(texts), roots
+
+
+def alternatives(roots: dict[str, str], call: Callable[[str, str], str]) -> str:
+    """`call(name, arguments rule)` for each tool, as one GBNF alternation."""
+    return " | ".join(f"( {call(name, rule)} )" for name, rule in roots.items())

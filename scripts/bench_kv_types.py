@@ -34,7 +34,7 @@ class Session(llama_cpp.LlamaCppSession):
     k, v, flash = "f16", "f16", True
 
     def _new_context(self, options: LoadOptions, n_ctx: int):
-        lib = llama_cpp._lib()
+        lib = llama_cpp.engine()
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, options.n_batch, options.n_batch
         params.n_outputs_max = llama_cpp.MAX_OUTPUTS

@@ -101,7 +101,7 @@ class Reply:
 
     def whole(self) -> dict:
         said = reasoning.message(self.style, self.job.text)
-        content, calls = tools.split(self.tools, said["content"])
+        content, calls = tools.split(self.tools, said["content"], self.job.text)
         return self._done(self._piece(content or "", said.get("reasoning_content", ""), calls))
 
     async def frames(self, events: asyncio.Queue):
@@ -117,6 +117,7 @@ class Reply:
                 self.job.cancelled = True
                 yield {"error": jobs.SHUTTING_DOWN}
                 return
+            held.see(text)      # a format whose calls show only in the raw output (harmony)
             for delta in deltas.feed(text):
                 if (body := self._delta(delta, held)) is not None:
                     yield body

@@ -294,7 +294,10 @@ def test_other_endpoints_and_methods_answer_in_json(server, first_answer):
                                  ("/" + "x" * 5000, "GET", 404), ("/v1/%0a%1b[31m", "PUT", 404),
                                  ("/v1/embeddings", "GET", 405), ("/api/embed", "GET", 405),
                                  ("/api/embeddings", "PUT", 405), ("/v1/embeddings", "POST", 400),
-                                 ("/api/embed", "POST", 400)]:
+                                 ("/api/embed", "POST", 400), ("/api/chat", "GET", 405),
+                                 ("/api/generate", "PUT", 405), ("/api/tags", "POST", 405),
+                                 ("/api/chat", "POST", 400), ("/api/generate", "POST", 400),
+                                 ("/api/show", "POST", 400), ("/api/nothing", "GET", 404)]:
         request = urllib.request.Request(server.url + path, method=method, data=b"" if
                                          method == "POST" else None)
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -330,7 +333,8 @@ def test_a_name_the_server_is_not_served_under_is_a_403(server, first_answer, ho
         status, kind, reply = _get(server, path, host.format(port=server.port))
         assert_openai_error(status, kind, reply, 403, 403)
         assert reply["error"]["code"] == "host_not_allowed"
-    for path in ("/api/embed", "/api/embeddings"):      # Ollama's paths: in Ollama's shape
+    for path in ("/api/embed", "/api/embeddings", "/api/chat", "/api/tags", "/api/version"):
+        # Ollama's paths: in Ollama's shape
         status, kind, reply = _get(server, path, host.format(port=server.port))
         assert_ollama_error(status, kind, reply, 403)
         assert "--allowed-hosts" in reply["error"]
@@ -340,6 +344,23 @@ def test_a_name_the_server_is_not_served_under_is_a_403(server, first_answer, ho
 def assert_ollama_error(status: int, kind: str, reply, expected: int) -> None:
     assert status == expected and kind.startswith("application/json"), (status, kind, reply)
     assert list(reply) == ["error"] and isinstance(reply["error"], str) and reply["error"]
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+@pytest.mark.parametrize("body", [
+    nested(200).encode(), nested(100, "object").encode(), b'"a string"', b"[1, 2]",
+    b'{"model": "' + MODEL.encode() + b'", "prompt": "\\ud800", "messages": "\\ud800"}',
+    json.dumps({"model": MODEL, "prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"num_predict": 10 ** 400}}).encode(),
+    json.dumps({"model": MODEL, "prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"temperature": float("nan")}}).encode()],
+    ids=["deep-array", "deep-object", "a-string", "a-list", "surrogates",
+         "num-predict-400-digits", "temperature-nan"])
+def test_a_bad_ollama_body_is_a_4xx_in_ollamas_shape(server, first_answer, path, body):
+    status, kind, reply = post(server.url + path, body)
+    assert 400 <= status < 500
+    assert_ollama_error(status, kind, reply, status)
+    _after(server, first_answer)
 
 
 @pytest.mark.parametrize("host", ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}",

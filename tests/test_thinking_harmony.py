@@ -67,3 +67,16 @@ def test_a_spent_budget_writes_the_close_from_real_tokens(oss):
         assert allowed.sum() == 1 and allowed[token]
         gate.accept(token)
     assert gate.cut.phase == "body" and gate.cut.kind == ANSWER
+
+
+def test_an_answer_grammar_starts_after_the_final_header(oss):
+    """The header's `<|message|>` opens the answer but is not fed to the answer's grammar
+    (which would refuse it: llama.cpp aborts the process on a refused token)."""
+    style = setup.style_of(oss, chat_tokens(oss, [{"role": "user", "content": "hi"}]), raw=False)
+    gate = setup.gate_for(oss, style, Think(), oss.grammar('root ::= "{" [a-z]* "}"'))
+    for text in ("<|channel|>analysis<|message|>hm<|end|><|start|>assistant",
+                 "<|channel|>final<|message|>", "{ab}"):
+        for token in oss.tokenize(text, special=True):
+            assert gate.allows(np.array([token]))[0], (text, token)
+            gate.accept(token)
+    assert not gate.allows(np.array(oss.tokenize("x", special=False)))[0]

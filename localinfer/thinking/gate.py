@@ -96,7 +96,10 @@ class TraceGate:
         self.opened += opening
         self.cut.feed(text)
         now = self._phase()
-        if now == ANSWER and before != "trace" and not opening:
+        # A harmony header's last token (`<|message|>`) opens the answer but is no part of it:
+        # the answer's grammar would refuse it (llama.cpp aborts on a refused token).
+        header_end = before == "start" and isinstance(self.cut, HarmonySplitter)
+        if now == ANSWER and before != "trace" and not opening and not header_end:
             self._to_answer(token, text)
         self.spent += before == "trace" and now == "trace"
         if now == "trace" and self.budget is not None and self.spent >= self.budget:

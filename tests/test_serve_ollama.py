@@ -249,6 +249,9 @@ def test_num_predict_seed_and_stop(smollm):
     small = client.chat(model="smollm2", messages=QUESTION,
                         options={"temperature": 0, "num_ctx": short.prompt_eval_count + 2})
     assert small.eval_count == 2 and small.done_reason == "length"
+    # clients send num_ctx with every request as a load setting: past --ctx it means the server's
+    large = client.chat(model="smollm2", messages=QUESTION, options={**GREEDY, "num_ctx": 131072})
+    assert large.message.content == text
 
 
 def test_format_json_and_a_schema(smollm):
@@ -343,7 +346,6 @@ def test_tool_calls_in_ollamas_shape(thinking):
 @pytest.mark.parametrize("change, words", [
     ({"options": {"temperature": 5}}, "options.temperature"),
     ({"options": {"num_predict": 0}}, "options.num_predict"),
-    ({"options": {"num_ctx": 4096}}, "options.num_ctx"),
     ({"options": {"temprature": 0.5}}, "options.temprature"),
     ({"options": {"mirostat": 2}}, "options.mirostat"),
     ({"options": {"repeat_last_n": 100000}}, "options.repeat_last_n"),

@@ -5,8 +5,8 @@ server/requests.py prepares: `options` (the runner's settings), `format`, `think
 - options: temperature, top_k, top_p, min_p, seed and repeat_penalty become the request's own
   fields (checked there, with the same ranges as the OpenAI endpoint); num_predict its max_tokens
   (-1 and -2: until the end of generation or of the context); stop its stop strings; repeat_last_n
-  the repeat penalty's window; num_ctx a smaller context for this request (one past the context a
-  request may use here is refused: the model was loaded with serve's --ctx). The settings Ollama
+  the repeat penalty's window; num_ctx a smaller context for this request (a larger one means the
+  server's: the model was loaded with serve's --ctx). The settings Ollama
   applies when it loads a model (num_gpu, num_thread, ...) are accepted and change nothing: this
   server loaded its model once, with serve's options. Sampling methods it does not have
   (mirostat, typical_p, tfs_z, presence and frequency penalties) are refused unless they are set
@@ -167,11 +167,10 @@ def check_keep_alive(value) -> float | None:
 
 
 def check_num_ctx(steering: Steering, request_ctx: int) -> int:
-    """The context this request may use: its num_ctx, at most the server's."""
+    """The context this request may use: its num_ctx, at most the server's. A larger num_ctx is
+    read as the server's: Ollama clients (Open WebUI, editor plugins) send one with every request
+    as a load setting, and this server loaded its model once with serve's --ctx; a prompt that
+    does not fit is refused as on every other endpoint."""
     if steering.num_ctx is None:
         return request_ctx
-    if steering.num_ctx > request_ctx:
-        raise BadRequest(f"'options.num_ctx' is {steering.num_ctx:,}, but a request here may use "
-                         f"{request_ctx:,} tokens (serve's --ctx sets the context when the model "
-                         f"is loaded)")
-    return steering.num_ctx
+    return min(steering.num_ctx, request_ctx)

@@ -50,9 +50,10 @@ def test_a_batch_equals_its_inputs_one_by_one(embedders):
     batched = embed.vectors(four, TEXTS * 3)           # decodes of 4 inputs, mixed lengths
     alone = np.stack([embed.vectors(one, text)[0] for text in TEXTS])
     moved = np.abs(batched - np.tile(alone, (3, 1))).max(axis=1)
-    # Gemma 3's inputs of 3 tokens or so ("Hello!") move by up to 1.5e-2 (docs/embeddings.md).
+    # Gemma 3's inputs of 3 tokens or so ("Hello!") move by up to 1.5e-2 (docs/embeddings.md);
+    # longer ones by 1e-7 on an Intel Xeon, up to 1.1e-3 on an AMD EPYC (other kernels run).
     short = np.tile([len(four.engine.tokenize(t)) < 6 for t in TEXTS], 3)
-    assert moved[~short].max() < 1e-5
+    assert moved[~short].max() < 2e-3
     assert (batched * np.tile(alone, (3, 1))).sum(axis=1).min() > 0.998
     assert np.array_equal(embed.vectors(one, TEXTS), alone)     # batch 1: one decode each
     assert four.pooling == "mean"                                # generative: none declared

@@ -9,7 +9,8 @@ The model is fitted to the memory budget as every command fits it (the variant, 
 then loaded in llama.cpp's embedding mode with its own pooling: mean for a generative model that
 declares none (backends/llama/embed.py). `ctx` is the longest input in tokens: a longer one is
 refused in one line, or cut to it with `truncate`. Vectors are deterministic: the same text gives
-the same bits in every run, and the same vector (to 1e-5) whichever texts share its batch.
+the same bits in every run, and nearly the same vector whichever texts share its batch (cosine
+≥ 0.998: ggml's CPU kernels differ with the batch's shape; docs/embeddings.md measures it).
 
 For OpenAI's shape: `check_dimensions` refuses a `dimensions` other than the model's, and
 `to_base64` is `encoding_format: "base64"` (the vector's little-endian float32 bytes).

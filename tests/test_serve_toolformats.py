@@ -336,6 +336,18 @@ def test_required_and_named(served, name):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["mistral", "mistral-call-id"])
+@pytest.mark.parametrize("budget", [60, 100, 160])
+def test_parallel_calls_cut_by_the_budget_still_close_whole(served, name, budget):
+    """SmolLM2 wearing Mistral's templates writes call after call: one token starts another
+    whole call, and the budget's checks begin early enough to refuse one that cannot close."""
+    choice = _ask(served, name, tool_choice="required", parallel_tool_calls=True,
+                  max_tokens=budget).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    _valid(name, choice.message.tool_calls)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FORMATS)
 def test_streamed_calls_equal_the_whole_reply(served, name):
     client, model = served[name]

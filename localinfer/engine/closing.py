@@ -16,14 +16,16 @@ starts, never on timing, so plain and speculative decoding (which clone the gram
 the same tokens) narrow at the same places: greedy speculation stays token-for-token exact.
 
 Far from the budget this costs a walk now and then (each one schedules the next by how far the
-budget still is). Within WINDOW tokens of the closing length, each token the sampler picks is
-checked by one walk, and a token after which the document could not be closed in time is refused.
+budget still is). Within a window of the closing length, each token the sampler picks is checked
+by one walk, and a token after which the document could not be closed in time is refused. The
+window is WINDOW tokens, or the first closing measured (the whole minimal document) when longer:
+one token can start one more element of the document (Mistral's `[TOOL_CALLS]` starts another
+whole call), so the checks begin before such a token could leave too little room to close.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
 
 import numpy as np
 
@@ -100,6 +102,7 @@ class Closing:
         self.used = 0                 # tokens accepted
         self.mode = "far"             # "far", "near" (each token checked) or "off" (hopeless)
         self.next_check = 0           # `used` at which the closing is measured again
+        self.window: int | None = None        # tokens before the closing where checks begin
         self.verdicts: dict[int, bool] = {}   # this state's: whether a token leaves room
         self.first: int | None = None         # this state's closing's first token, once known
 
@@ -162,12 +165,14 @@ class Closing:
             else:
                 self.next_check = self.used + (left - MAX_WALK) // 4 + 1
             return False
+        if self.window is None:         # the first closing: the most one token may add
+            self.window = max(WINDOW, len(path))
         # Characters first (each has a token, so they bound the tokens); spelled when close.
-        tokens = len(path) if len(path) + WINDOW < left else len(self._spelled(path))
+        tokens = len(path) if len(path) + self.window < left else len(self._spelled(path))
         if tokens > left:
             self.mode = "off"
             return False
-        gap = left - tokens - WINDOW
+        gap = left - tokens - self.window
         if gap <= 0:
             self.mode = "near"
             return True

@@ -43,18 +43,7 @@ def start_server(path: Path, threads: int, batch: int) -> tuple[subprocess.Popen
            "--embeddings", "--pooling", "mean", "-t", str(threads), "-tb", str(threads),
            "-np", str(batch), "-kvu", "-c", str(8 * UBATCH), "-b", str(UBATCH),
            "-ub", str(UBATCH), "--no-webui"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"error: llama-server did not start: {proc.stderr.read()[-500:]}")
-        time.sleep(0.1)
-    raise SystemExit("error: llama-server did not start")
+    return common.start_server(cmd, port, "llama-server"), f"http://127.0.0.1:{port}"
 
 
 def server_embed(url: str, lines: list[str]):

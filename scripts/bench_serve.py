@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,18 +57,7 @@ def start(kind: str, model: str, path: Path, parallel: int, ctx: int) -> tuple[s
         cmd = [str(llama_server()), "-m", str(path), "--port", str(port), "--parallel",
                str(parallel), "-c", str(ctx * parallel), "-t", str(THREADS), "-tb", str(THREADS),
                "-fa", "on", "-ctk", "bf16", "-ctv", "f16", "--no-repack", "-kvu", "--no-webui"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"error: {kind} did not start: {proc.stderr.read()[-500:]}")
-        time.sleep(0.1)
-    raise SystemExit(f"error: {kind} did not start")
+    return common.start_server(cmd, port, kind), f"http://127.0.0.1:{port}"
 
 
 def stream_one(client, question: str, n: int, out: list) -> None:

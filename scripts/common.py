@@ -1,5 +1,5 @@
 """What the scripts share: the file a model name resolves to (found the way `localinfer` finds it),
-a free local port, and tests/ on the import path for the references the tests measure against.
+a free local port, a server started and waited for, and tests/ on the import path for the references the tests measure against.
 
 A script run as `python scripts/NAME.py` has scripts/ on sys.path, so `import common` finds this."""
 
@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import argparse
 import socket
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -63,6 +67,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_server(cmd: list[str], port: int, what: str) -> subprocess.Popen:
+    """`cmd` (a server listening on `port`) started and answering /health. Its output goes to a
+    temporary file, never to a pipe nobody reads: llama-server logs every request, and once a
+    pipe's buffer is full it blocks mid-request and the benchmark waits for ever."""
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}/health"
+    for _ in range(1200):
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise SystemExit(f"error: {what} did not start: {log.read()[-500:]}")
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"error: {what} did not answer /health in 2 minutes")
 
 
 def use_tests() -> None:

@@ -15,6 +15,7 @@ from chat_templates import (GPT_OSS_20B, LLAMA31_TOOLS as LLAMA31, MISTRAL_NEMO 
                             MISTRAL_SMALL_32 as SMALL32, QWEN25, SMOLLM2)
 from helpers import load_file, smollm_wearing, start_server
 from test_serve_thinking import _stop
+from test_serve_tools import SCHEMAS, TIME, WEATHER
 
 from localinfer.engine import toolcalls
 from localinfer.engine.templates import render
@@ -25,16 +26,10 @@ jsonschema = pytest.importorskip("jsonschema")
 
 WEARING = {"llama3": LLAMA31, "mistral": NEMO, "mistral-call-id": SMALL32}
 
-WEATHER = {"type": "object", "required": ["city", "unit"], "additionalProperties": False,
-           "properties": {"city": {"type": "string", "maxLength": 20},
-                          "unit": {"enum": ["celsius", "fahrenheit"]}}}
-TIME = {"type": "object", "required": ["zone"],
-        "properties": {"zone": {"type": "string", "maxLength": 12}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
           "The weather in a city", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "description": "The time",
                                            "parameters": TIME}}]
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 

@@ -156,18 +156,19 @@ class Model:
             raise UsageError("this model was closed; localinfer.load() it again")
 
     def _open(self) -> None:
-        """The model fitted as a fixed-context command fits it (the first prompt may refit)."""
+        """The model fitted as a fixed-context command (`chat`) fits it. A model that a long
+        prompt loaded again with another context or KV type is loaded back, so that a reply does
+        not depend on the calls before it."""
         setup = self._setup
         fitted = loading.fit_model(setup.named, setup.fit, setup.report, threads=setup.threads)
-        self._loaded = loading.open_ref(fitted.ref, fitted.options, backend=setup.backend,
-                                        offline=setup.fit.offline, report=setup.report)
+        self._loaded = loading.reuse_or_load(self._loaded, fitted, backend=setup.backend,
+                                             offline=setup.fit.offline, report=setup.report)
 
     def _chat(self, conversation: list[dict], ask: pipeline.Ask) -> Iterator[str]:
         from localinfer.cache import prompt_cache
         from localinfer.engine.prompt import chat_tokens
         from localinfer.thinking import setup
-        if self._loaded is None:
-            self._open()
+        self._open()
         loaded = self._loaded
         session, think = loaded.session, ask.think.think
         tokens = chat_tokens(session, conversation, setup.template_vars(session.chat_template, think))

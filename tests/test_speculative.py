@@ -190,3 +190,38 @@ def test_target_and_draft_decode_on_one_persistent_thread_pool(smollm, smollm_se
     # decode call.
     pool = smollm.session.threadpool
     assert pool and smollm_self.session.threadpool == pool
+
+
+class _Clock:
+    """A stand-in for time.perf_counter whose intervals follow a seeded pattern, so the adaptive
+    controller sees another machine's (or another load's) timings."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+        self._rng, self._now = random.Random(seed), 0.0
+
+    def perf_counter(self) -> float:
+        self._now += self._rng.choice((0.001, 0.01, 0.2))
+        return self._now
+
+
+def test_a_seeded_sampled_run_repeats_whatever_the_timings(smollm, monkeypatch):
+    """With --seed, the draft lengths (and with them which random numbers the speculative rule
+    draws) must not follow measured times: runs timed differently print the same text."""
+    from localinfer.pipeline.generate import generation
+    from localinfer.speculate import verify
+    params = SamplingParams(temperature=1.2, seed=7)
+    for text in (OPEN, CODE):
+        prompt = prompt_tokens(smollm, text)
+        for draft in ("lookup", "auto"):
+            texts = set()
+            for clock in (1, 2, 3):
+                monkeypatch.setattr(verify, "time", _Clock(clock))
+                made = generation(smollm, prompt, params, Limits(64), draft=draft,
+                                  options=OPTIONS, offline=True)
+                texts.add("".join(made))
+                if draft == "lookup":
+                    assert made.stats.drafted > 0          # it did speculate
+                else:
+                    assert isinstance(made, Generation)    # auto: plain decoding under a seed
+            assert len(texts) == 1 and "" not in texts, (text[:20], draft)

@@ -258,6 +258,28 @@ def test_bound_messages_say_what_was_exceeded():
             render(HOSTILE[name], messages_for("Hi", None))
 
 
+def test_the_cpu_bound_leaves_out_the_garbage_collector():
+    """A full collection in a large process is the process's cost, not the template's: one inside
+    a render's budget does not stop it, while the same CPU spent in template work does."""
+    import gc
+
+    from localinfer.engine.template_bounds import Budget, Limits, TemplateBoundExceeded
+    limits = Limits(max_chars=1000, cpu_seconds=0.05)
+    heap = [[i] for i in range(2_000_000)]      # tracked objects: a full collection walks them
+    budget = Budget(limits)
+    start = time.thread_time()
+    gc.collect()
+    collected = time.thread_time() - start
+    assert collected > limits.cpu_seconds, f"the collection took only {collected:.3f} s"
+    budget.tick(32)                             # reads the clock: still within the bound
+    del heap
+    working = Budget(limits)
+    with pytest.raises(TemplateBoundExceeded, match="s of CPU"):
+        while True:
+            sum(range(1000))
+            working.tick(32)
+
+
 @pytest.mark.parametrize("template", ["", "   ", "{% if false %}x{% endif %}\n"])
 def test_template_that_renders_nothing_is_an_error(template):
     with pytest.raises(ModelLoadError, match="rendered an empty prompt"):

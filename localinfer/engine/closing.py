@@ -37,7 +37,8 @@ PREFERENCE = ('"}],:0tn[{f-123456789.' + "abcdeghijklmopqrsuvwxyzABCDEFGHIJKLMNO
 MAX_WALK = 512          # the longest closing looked for, in characters
 MAX_PIECE = 16          # the longest token spelled in a closing, in characters
 WINDOW = 16             # within this many tokens of the closing length, each token is checked
-FEW = 64                # a query about more ids checks the closing's own tokens only
+FEW = 64                # a query about more ids checks the closing's own tokens and this many
+                        # of the likeliest others (so greedy picks what a window of them picks)
 
 
 class Speller:
@@ -125,8 +126,11 @@ class Closing:
         if not self._near():
             return row
         first = self._first()
-        ids = self.probe if first is None else np.append(self.probe, first)
-        keep = [int(t) for t in ids if np.isfinite(row[t]) and self._fits(int(t))]
+        allowed = np.flatnonzero(np.isfinite(row))
+        likeliest = allowed[np.argsort(-row[allowed], kind="stable")[:FEW]]
+        ids = np.concatenate([self.probe, likeliest, [] if first is None else [first]])
+        keep = [t for t in dict.fromkeys(ids.astype(int).tolist()) if np.isfinite(row[t])
+                and self._fits(t)]
         narrowed = np.full_like(row, -np.inf)
         narrowed[keep] = row[keep]
         if int(np.isfinite(row).sum()) > len(set(keep)):

@@ -52,7 +52,12 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
 
     def plain() -> Generation:
         return styled(Generation(cache, tokens, sampler_for(params, grammar), limits))
-    if draft_max == 0 or draft == "none":
+    # A seeded draw must repeat on any machine under any load, but the adaptive controller's
+    # draft lengths follow measured times, and each round's length decides which random numbers
+    # the speculative rule consumes. So a seeded sampled run does not draft under `auto`, and a
+    # named drafter drafts a fixed --draft-max per round.
+    seeded = params.temperature > 0 and params.rng_seed is not None
+    if draft_max == 0 or draft == "none" or (seeded and draft == "auto"):
         return plain()
     from localinfer.speculate import choose
     drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
@@ -60,7 +65,7 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
     if drafter is None:
         return plain()
     return styled(choose.speculative(loaded, cache, tokens, params, limits, drafter,
-                                     max_draft=draft_max, grammar=grammar,
+                                     max_draft=draft_max, grammar=grammar, adaptive=not seeded,
                                      notify=report.notify if probe_note else None))
 
 

@@ -102,16 +102,16 @@ def open_for(named: refs.Named, request: Request, fit: FitOptions, report: Repor
     from localinfer.fit.request import holds
     load = dict(threads=threads, engine_log=engine_log)
     fitted = fit_model(named, fit, report, request=request, **load)
-    loaded = _reuse_or_load(loaded, fitted, backend=backend, offline=fit.offline, report=report)
+    loaded = reuse_or_load(loaded, fitted, backend=backend, offline=fit.offline, report=report)
     tokens = prompt_tokens(loaded.session, fitted.sized.prompt)
     if holds(fitted.sized, len(tokens), ctx=fit.ctx, reply=request.reply):
         return loaded, fitted.options, tokens
     again = fit_model(named, fit, report, request=request, vocab=loaded.session, **load)
-    loaded = _reuse_or_load(loaded, again, backend=backend, offline=fit.offline, report=report)
+    loaded = reuse_or_load(loaded, again, backend=backend, offline=fit.offline, report=report)
     return loaded, again.options, prompt_tokens(loaded.session, again.sized.prompt)
 
 
-def _reuse_or_load(loaded: LoadedModel | None, fitted: Fitted, *, backend: str, offline: bool,
+def reuse_or_load(loaded: LoadedModel | None, fitted: Fitted, *, backend: str, offline: bool,
                    report: Reporter) -> LoadedModel:
     if loaded is not None and (loaded.ref, loaded.options) == (fitted.ref, fitted.options):
         return loaded

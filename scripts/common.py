@@ -69,11 +69,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(cmd: list[str], port: int, what: str) -> subprocess.Popen:
+def start_server(cmd: list[str], port: int, what: str, log=None) -> subprocess.Popen:
     """`cmd` (a server listening on `port`) started and answering /health. Its output goes to a
-    temporary file, never to a pipe nobody reads: llama-server logs every request, and once a
-    pipe's buffer is full it blocks mid-request and the benchmark waits for ever."""
-    log = tempfile.TemporaryFile(mode="w+")
+    temporary file (or `log`, a file open for writing and reading), never to a pipe nobody reads:
+    llama-server logs every request, and once a pipe's buffer is full it blocks mid-request and
+    the benchmark waits for ever."""
+    log = log or tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}/health"
     for _ in range(1200):

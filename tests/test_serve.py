@@ -46,10 +46,17 @@ def _post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict
         return e.code, json.loads(e.read())
 
 
-def test_models_lists_the_served_model_and_the_context_a_request_may_use(client):
-    assert [m.id for m in client.models.list()] == [MODEL]
-    # --ctx 512 is the pool the two slots share; one request may fill it all
-    assert client.models.list().data[0].model_extra["context_length"] == 512
+def test_models_lists_the_served_model_and_the_context_a_request_may_use(client, models_home):
+    from localinfer.models.store import Store
+    from localinfer.server.hosting import stored_name
+    listed = client.models.list().data
+    # the loaded model first, with what a request may use: --ctx 512 is the pool the two slots
+    # share, one request may fill it all; then every other model on disk, loaded on demand
+    assert listed[0].id == MODEL and listed[0].model_extra["context_length"] == 512
+    store = Store(models_home / "data" / "models")
+    on_disk = {f"{stored_name(store, m.name)}:{m.quant}" for m in store.installed()}
+    assert {m.id for m in listed} == on_disk and len(listed) == len(on_disk)
+    assert all("context_length" not in m.model_extra for m in listed[1:])
 
 
 def test_a_whole_chat_completion_is_greedy_and_counted(client, models_home):
@@ -155,7 +162,7 @@ def test_off_loopback_needs_an_api_key(models_home):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
         keyed = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
-        assert [m.id for m in keyed.models.list()] == [MODEL]
+        assert keyed.models.list().data[0].id == MODEL
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

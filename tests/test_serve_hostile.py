@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import MODELS_HOME, free_port
@@ -394,7 +395,7 @@ def test_a_wrong_key_of_any_length_is_a_401(models_home, tmp_path):
                 openai.OpenAI(base_url=keyed.url + "/v1", api_key=key or "x",
                               max_retries=0).models.list()
         ok = openai.OpenAI(base_url=keyed.url + "/v1", api_key="s3cret", max_retries=0)
-        assert [m.id for m in ok.models.list()] == [MODEL]
+        assert ok.models.list().data[0].id == MODEL
         wrong = openai.OpenAI(base_url=keyed.url + "/v1", api_key="s3cre", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             wrong.embeddings.create(model=MODEL, input="a")
@@ -719,9 +720,18 @@ def test_an_exception_no_check_foresaw_is_a_json_500_and_one_log_line():
 
     class Idle:
         error = None
+
+    class OneModel:                     # the server's models: one, leased as the pool leases it
+        model = SimpleNamespace(names=(MODEL,), worker=Idle(), session=Broken(), n_ctx=512,
+                                path=None, need=None, embeddings=None)
+
+        async def lease(self, name, keep_alive):
+            return SimpleNamespace(model=self.model, release=lambda: None)
+
+        def status(self):
+            return []
     logged: list[str] = []
-    app = make_app(Served(Idle(), Broken(), (MODEL,), 512, port=1, log=logged.append,
-                          hosts=frozenset({"localhost"})))
+    app = make_app(Served(OneModel(), port=1, log=logged.append, hosts=frozenset({"localhost"})))
     status, kind, reply = _asgi_post(app, CHAT, chat_body())
     assert_openai_error(status, kind, reply, 500, 500)
     assert logged == [f"POST {CHAT}: internal error: RuntimeError: a bug of ours"]

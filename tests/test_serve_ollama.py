@@ -182,8 +182,9 @@ def test_no_prompt_or_no_messages_loads_the_model(smollm):
 # -- the models ------------------------------------------------------------------------------
 def test_tags_ps_show_and_version(smollm, smollm_path):
     client = _client(smollm)
-    [listed] = client.list().models
+    listed, *on_disk = client.list().models         # the model loaded first, then the others
     assert listed.model == SMOLLM_NAME and listed.size == smollm_path.stat().st_size
+    assert SMOLLM_NAME not in {m.model for m in on_disk}
     from helpers import sha256_of
     assert listed.digest == sha256_of(smollm_path)
     assert listed.details.format == "gguf" and listed.details.family == "llama"

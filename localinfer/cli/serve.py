@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from localinfer.server.requests import Defaults
     from localinfer.thinking.style import Think
 
-DEFAULT_MODEL = "smollm2"
 KEY_ENV = "LOCALINFER_API_KEY"
 
 
@@ -38,8 +37,11 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(
-    model: str = typer.Argument(DEFAULT_MODEL, metavar="MODEL", help="Catalogue name or "
-                                "alias[:QUANT], hf:OWNER/REPO[:QUANT], or a .gguf path."),
+    models: Optional[list[str]] = typer.Argument(
+        None, metavar="[MODEL]...", show_default=False,
+        help="Models loaded at start and kept loaded (catalogue name or alias[:QUANT], "
+             "hf:OWNER/REPO[:QUANT], or a .gguf path); any other model on disk is loaded when "
+             "a request names it."),
     system: Optional[str] = system_option("System message for chat requests that have none."),
     host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", rich_help_panel=SERVER,
                              help="Address to listen on; any other than loopback needs --api-key."),
@@ -85,6 +87,13 @@ def serve(
     gpu_layers: str = gpu_layers_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
+    keep_alive: str = typer.Option("5m", "--keep-alive", metavar="DURATION",
+                                   rich_help_panel=SERVER, help="How long a model stays loaded "
+                                   "after its last request (5m, 1h30m, 0: unload at once, -1: "
+                                   "never); a request's keep_alive overrides it."),
+    pull: bool = typer.Option(False, "--pull", rich_help_panel=SERVER,
+                              help="Let a request for a catalogue model not on disk pull it "
+                              "(it waits for the download)."),
     verbose: int = verbose_option("-v: one line per request on stderr (method, path, status, "
                                   "model, tokens, seconds); -vv: the engine's log too."),
 ) -> None:
@@ -111,10 +120,12 @@ def serve(
     # refused before loading
     defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
                          think_settings(think, no_think, think_budget))
+    from localinfer.units import parse_duration
+    idle = parse_duration(keep_alive, "--keep-alive")
     from localinfer.server import listen
     sock = listen.bind(host, port)      # a port in use is one line now, not after the load
     try:
-        _serve(sock, model, host=host, port=port, parallel=parallel, queue=queue, key=key,
+        _serve(sock, models or [], idle=idle, pull=pull and not offline, host=host, port=port, parallel=parallel, queue=queue, key=key,
                cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, verbose=verbose,
                defaults=defaults,
@@ -126,44 +137,50 @@ def serve(
         sock.close()
 
 
-def _serve(sock, model: str, *, host: str, port: int, parallel: int, queue: int, key, cors,
-           hosts, request_timeout: float, defaults: Defaults, verbose: int, fit: FitOptions,
-           load: dict, use_cache: bool) -> None:
-    """Load the model, then answer requests on `sock` until a stop is asked for."""
-    from localinfer.cache import prompt_cache
-    from localinfer.pipeline import load as pipeline
-    from localinfer.engine.prompt import uses_chat_template
+def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port: int,
+           parallel: int, queue: int, key, cors, hosts, request_timeout: float,
+           defaults: Defaults, verbose: int, fit: FitOptions, load: dict,
+           use_cache: bool) -> None:
+    """Load the command line's models, then answer requests on `sock` until a stop is asked
+    for, loading any other model a request names."""
     from localinfer.server import guard, listen
     from localinfer.server.api import Served, make_app
-    from localinfer.server.embedder import Embeddings, pinned
-    from localinfer.server.loading import need_of
-    from localinfer.server.worker import Worker
-    report = reporter()
-    named = pipeline.name(model, fit, report)
-    fitted = pipeline.fit_batch(named, fit, report, parallel=parallel, shared=True, **load)
-    ref, batch = fitted.ref, fitted.load()
-    # opened on the first embeddings request, as `localinfer embed` opens it (--ctx 0: its default)
-    embeddings = Embeddings(pinned(named, ref), replace(fit, ctx=0), log=console.error, **load)
+    from localinfer.server.hosting import Models
+    from localinfer.server.loading import Loader, pooled
+    from localinfer.server.pool import Pool
+    pooled_fit, budget, overhead = pooled(fit)
+    loader = Loader(pooled_fit, parallel, queue, use_cache=use_cache, report=reporter(),
+                    log=console.error, **load)
+    for model in models:            # pulled now (unless --offline), as `serve MODEL` always did
+        loader.plan(model)
+    # A request's model is never downloaded without --pull (Models.key checks it is on disk).
+    loader = replace(loader, fit=replace(pooled_fit, offline=fit.offline or not pull))
+    # Requests waiting for a model to load would have taken its slots or its queue.
+    # Loads and unloads are -v's lines, as requests are; a failure is always one line.
+    pool = Pool(budget, loader.plan, loader.load, overhead=overhead, keep_alive=idle,
+                queue_limit=parallel + queue, log=console.note if verbose else lambda line: None,
+                fault=console.error)
     try:
-        if defaults.system is not None and not uses_chat_template(batch.session, False):
-            console.warn("this model has no chat template; --system is ignored")
-        worker = Worker(batch, parallel + queue,
-                        prompt_cache.open_for(batch.session, enabled=use_cache), batch.n_ctx)
-        names = tuple(dict.fromkeys([ref.display, model, *(_aliases(ref))]))
-        served = Served(worker, batch.session, names, batch.n_ctx, key, hosts, port,
-                        console.error, request_timeout, defaults,
-                        request_log=console.note if verbose else None, embeddings=embeddings,
-                        need=need_of(fitted)[0], model_path=_model_path(ref))
-        console.note(f"serving {names[0]} on http://{_url_host(host)}:{port}/v1 ({parallel} at "
-                     f"a time, {batch.n_ctx:,} tokens of context between them)")
-        try:
-            listen.run(make_app(served, cors), sock, protocol=guard.protocol(request_timeout),
-                       on_exit=served.close)
-        finally:
-            worker.stop()
-            embeddings.close()
+        hosted = Models(loader, pool, pull=pull)
+        loaded = [hosted.preload(model) for model in models]
+        for model in loaded:
+            if defaults.system is not None and not _uses_template(model.session):
+                console.warn(f"{model.names[0]} has no chat template; --system is ignored")
+        served = Served(hosted, key, hosts, port, console.error, request_timeout, defaults,
+                        request_log=console.note if verbose else None)
+        what = ", ".join(f"{m.names[0]} ({m.n_ctx:,} tokens of context)" for m in loaded) or \
+            "the models on disk"
+        console.note(f"serving {what} on http://{_url_host(host)}:{port}/v1 ({parallel} at a "
+                     f"time per model)")
+        listen.run(make_app(served, cors), sock, protocol=guard.protocol(request_timeout),
+                   on_exit=served.close)
     finally:
-        batch.close()
+        pool.close()
+
+
+def _uses_template(session) -> bool:
+    from localinfer.engine.prompt import uses_chat_template
+    return uses_chat_template(session, False)
 
 
 def _defaults(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
@@ -175,16 +192,5 @@ def _defaults(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalt
                                    repeat_penalty=repeat_penalty, seed=seed), system, think)
 
 
-def _model_path(ref):
-    """The file loaded (on disk by now: nothing is pulled), for Ollama's /api/tags and /api/show."""
-    from localinfer.models import refs
-    return refs.locate(ref, refs.model_store(), offline=True, progress=False, notify=console.note)
-
-
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _aliases(ref) -> list[str]:
-    spec = getattr(ref, "spec", None)
-    return [spec.name, *getattr(spec, "aliases", ())] if spec else []

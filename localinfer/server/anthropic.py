@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import anthropic_tools, jobs, reasoning, requests, tools
+from localinfer.server import anthropic_tools, hosting, jobs, reasoning, requests, tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
 
@@ -44,10 +44,15 @@ def routes(served) -> list[Route]:
 
     async def count_tokens(request: Request):
         try:
-            raw = await requests.read_body(request, seconds=served.body_seconds)
-            count = await asyncio.to_thread(_count, raw, served)
+            body, seen = await _opened(served, request)
         except BadRequest as e:
             return _refused(e)
+        try:
+            count = await asyncio.to_thread(_count, body, seen)
+        except BadRequest as e:
+            return _refused(e)
+        finally:
+            seen.release()
         return JSONResponse({"input_tokens": count})
 
     return [Route("/v1/messages", messages, methods=["POST"]),
@@ -58,19 +63,29 @@ def _refused(e: BadRequest) -> JSONResponse:
     return anthropic_error(str(e), e.status, headers=e.headers)
 
 
+async def _opened(served, request: Request):
+    """The request's body, and the server as it sees it (its model leased)."""
+    raw = await requests.read_body(request, seconds=served.body_seconds)
+    body = await asyncio.to_thread(requests.parse, raw)
+    return body, await hosting.open_view(served, body)
+
+
 async def _messages(served, request: Request):
     try:
-        raw = await requests.read_body(request, seconds=served.body_seconds)
-        prepared = await asyncio.to_thread(_prepare, raw, served)
+        body, seen = await _opened(served, request)
     except BadRequest as e:
         return _refused(e)
-    reply = _Reply(served.names[0], prepared, served.log)
-    return await jobs.run(served, request, prepared, reply, anthropic_error)
+    try:
+        prepared = await asyncio.to_thread(_prepare, body, seen)
+    except BadRequest as e:
+        seen.release()
+        return _refused(e)
+    reply = _Reply(seen.names[0], prepared, served.log)
+    return await jobs.run(seen, request, prepared, reply, anthropic_error)
 
 
 # -- the request -------------------------------------------------------------------------------
-def _prepare(raw: bytes, served) -> Prepared:
-    body = requests.parse(raw)
+def _prepare(body: dict, served) -> Prepared:
     requests.check_model(body, served.names)
     chat, defaults, stops = _translate(body, served.defaults, counting=False)
     prepared = requests.prepare(json.dumps(chat).encode(), served.session, served.names,
@@ -79,9 +94,8 @@ def _prepare(raw: bytes, served) -> Prepared:
     return prepared
 
 
-def _count(raw: bytes, served) -> int:
+def _count(body: dict, served) -> int:
     """The prompt's tokens, as /v1/messages would make them (its context limit aside)."""
-    body = requests.parse(raw)
     requests.check_model(body, served.names)
     chat, defaults, _ = _translate(body, served.defaults, counting=True)
     session = served.session

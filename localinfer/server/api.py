@@ -32,22 +32,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from localinfer.server import access, anthropic, embeddings, guard, ollama, reasoning, tools
+from localinfer.server import access, anthropic, embeddings, guard, hosting, ollama, reasoning
+from localinfer.server import tools
 from localinfer.server import served_metrics
 from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
     closed_early, run
-from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, prepare, read_body
+from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, parse, prepare, \
+    read_body
 
 _FINISH = {"stop": "stop", "length": "length", "context": "length"}
 
 
 @dataclass
 class Served:
-    worker: object            # server.worker.Worker
-    session: object           # the loaded model's session: tokenizer and template
-    names: tuple[str, ...]    # what `model` may say; names[0] is what /v1/models lists
-    request_ctx: int          # the tokens one request may fill (prompt and answer)
+    models: object            # server.hosting.Models: what the server serves, by name
     api_key: str | None = None
     hosts: frozenset[str] | None = None     # Host names answered (guard.allowed_hosts); None: any
     port: int = 0
@@ -55,12 +54,16 @@ class Served:
     body_seconds: float = BODY_SECONDS
     defaults: Defaults = field(default_factory=Defaults)    # for what a request leaves out
     request_log: Callable[[str], None] | None = None        # one line per request (serve -v)
-    model_path: Path | None = None          # the GGUF served, for Ollama's /api/tags and /api/show
-    # server.embedder.Embeddings: the model opened for embeddings on the first request (None:
-    # no embeddings endpoints)
-    embeddings: object | None = None
-    need: object | None = None              # server.pool_state.Need: its memory, for /metrics
     metrics: served_metrics.ServedMetrics = field(default_factory=served_metrics.ServedMetrics)
+    # One request's model, in the view server/hosting.py makes for it (unset on the server):
+    worker: object = None                   # server.worker.Worker
+    session: object = None                  # the model's session: tokenizer and template
+    names: tuple[str, ...] = ()             # names[0]: the one it answers with
+    request_ctx: int = 0                    # the tokens one request may fill
+    model_path: Path | None = None          # the GGUF, for Ollama's /api/tags and /api/show
+    need: object | None = None              # server.pool_state.Need: its memory
+    embeddings: object | None = None        # server.embedder.Embeddings, opened on first use
+    release: Callable[[], None] = lambda: None      # gives the model's lease back
     # the events of the requests under way, for close()
     under_way: set[asyncio.Queue] = field(default_factory=set, init=False, repr=False)
 
@@ -72,13 +75,15 @@ class Served:
 
 def make_app(served: Served, cors: str | None = None):
     async def health(request: Request):
-        return JSONResponse({"status": "ok" if served.worker.error is None else "error"})
+        return JSONResponse({"status": "error" if served.models.broken() else "ok"})
 
     async def models(request: Request):
+        listed = await asyncio.to_thread(served.models.listed)
         return JSONResponse({"object": "list", "data": [
-            {"id": served.names[0], "object": "model", "created": 0, "owned_by": "localinfer",
+            {"id": name, "object": "model", "created": 0, "owned_by": "localinfer",
              # what one request may use, under the names vLLM and OpenRouter-style clients read
-             "context_length": served.request_ctx, "max_model_len": served.request_ctx}]})
+             **({"context_length": ctx, "max_model_len": ctx} if ctx else {})}
+            for name, ctx in listed]})
 
     async def chat(request: Request):
         return await _complete(served, request, chat=True)
@@ -129,13 +134,18 @@ def _shown(request: Request) -> str:
 async def _complete(served: Served, request: Request, *, chat: bool):
     try:
         raw = await read_body(request, seconds=served.body_seconds)
-        prepared = await asyncio.to_thread(prepare, raw, served.session, served.names,
-                                           served.request_ctx, chat=chat,
-                                           defaults=served.defaults)
+        body = await asyncio.to_thread(parse, raw)
+        seen = await hosting.open_view(served, body)
     except BadRequest as e:
         return e.response()
-    reply = _Reply(served.names[0], chat, prepared, served.log)
-    return await run(served, request, prepared, reply, error)
+    try:
+        prepared = await asyncio.to_thread(prepare, body, seen.session, seen.names,
+                                           seen.request_ctx, chat=chat, defaults=seen.defaults)
+    except BadRequest as e:
+        seen.release()
+        return e.response()
+    reply = _Reply(seen.names[0], chat, prepared, served.log)
+    return await run(seen, request, prepared, reply, error)
 
 
 async def _framed(stream):

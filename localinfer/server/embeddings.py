@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from localinfer.errors import UsageError
-from localinfer.server import access
+from localinfer.server import access, hosting
 from localinfer.server.embedder import Unavailable
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.requests import check_model, parse, read_body
@@ -51,26 +51,42 @@ class _Asked:
 
 
 def routes(served) -> list:
-    if getattr(served, "embeddings", None) is None:     # a Served made without it (tests)
-        return []
-
     async def openai(request: Request):
-        return await _openai(served, request)
+        return await _leased(served, request, _openai, lambda e: e.response())
 
     async def embed(request: Request):
-        return await _ollama(served, request)
+        return await _leased(served, request, _ollama, lambda e: e.response(ollama_error),
+                             tag=LATEST)
 
     async def legacy(request: Request):
-        return await _ollama_legacy(served, request)
+        return await _leased(served, request, _ollama_legacy,
+                             lambda e: e.response(ollama_error), tag=LATEST)
 
     return [Route("/v1/embeddings", openai, methods=["POST"]),
             Route("/api/embed", embed, methods=["POST"]),
             Route("/api/embeddings", legacy, methods=["POST"])]
 
 
-async def _openai(served, request: Request):
+async def _leased(served, request: Request, handle, refuse, tag: str = ""):
+    """`handle(the server as the request sees it, request, body)` with the request's model
+    leased until it returns; `refuse` gives the error reply when the model cannot be had."""
+    started = time.perf_counter()
     try:
-        body = await _body(served, request)
+        raw = await read_body(request, seconds=served.body_seconds)
+        body = await asyncio.to_thread(parse, raw)
+        seen = await hosting.open_view(served, body, tag=tag)
+    except BadRequest as e:
+        return refuse(e)
+    if (entry := access.record(request.scope)) is not None:
+        entry.model = seen.names[0]
+    try:
+        return await handle(seen, request, body, started)
+    finally:
+        seen.release()
+
+
+async def _openai(served, request: Request, body: dict, started: float):
+    try:
         check_model(body, served.names)
         texts = _openai_input(body.get("input"))
         encoding = body.get("encoding_format") or "float"
@@ -86,10 +102,8 @@ async def _openai(served, request: Request):
                                          encoding))
 
 
-async def _ollama(served, request: Request):
-    started = time.perf_counter()
+async def _ollama(served, request: Request, body: dict, started: float):
     try:
-        body = await _body(served, request)
         model = _ollama_model(body, served.names)
         texts = _ollama_input(body.get("input"))
         truncate = True if body.get("truncate") is None else body["truncate"]
@@ -110,11 +124,10 @@ async def _ollama(served, request: Request):
         "prompt_eval_count": tokens}).encode()))
 
 
-async def _ollama_legacy(served, request: Request):
+async def _ollama_legacy(served, request: Request, body: dict, started: float):
     """{model, prompt} -> {embedding}; an empty prompt loads the model and gets [], as Ollama
     answers it. A prompt longer than the context is cut to it (the request cannot say)."""
     try:
-        body = await _body(served, request)
         _ollama_model(body, served.names)
         prompt = body.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
@@ -127,13 +140,6 @@ async def _ollama_legacy(served, request: Request):
     except BadRequest as e:
         return e.response(ollama_error)
     return _json(json.dumps({"embedding": vectors[0].tolist() if prompt else []}).encode())
-
-
-async def _body(served, request: Request) -> dict:
-    if (entry := access.record(request.scope)) is not None:
-        entry.model = served.names[0]
-    raw = await read_body(request, seconds=served.body_seconds)
-    return await asyncio.to_thread(parse, raw)
 
 
 def _openai_input(value) -> list[str]:

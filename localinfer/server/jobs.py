@@ -40,7 +40,9 @@ def closed_early(job: Job) -> dict:
 async def run(served, request: Request, prepared: Prepared, reply, fail=error):
     """A prepared job through the worker: the reply's events as they come (`reply.frames`), or
     `reply.whole()` once done; `fail` gives the error replies (OpenAI's or Anthropic's shape)."""
+    release = served.release            # the model's lease: given back when the answer ends
     if served.worker.error is not None:
+        release()
         return fail(f"the model failed: {served.worker.error}", 500)
     job = prepared.job
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -51,18 +53,20 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
         served.metrics.generation(model, finished, time.perf_counter() - submitted)
         _hand_over(loop, events, None)
     if not served.worker.submit(job, done):
+        release()
         return fail("too many requests are waiting; try again shortly", 429,
                     headers={"Retry-After": "1"})
     if (entry := access.record(request.scope)) is not None:
         entry.model, entry.job = model, job
     served.under_way.add(events)
     if prepared.stream:
-        return _EventStream(reply, events, served.under_way)
+        return _EventStream(reply, events, served.under_way, release)
     try:
         if not await _answered(request, events, job):
             return fail(SHUTTING_DOWN, 503, code="server_shutting_down")
     finally:
         served.under_way.discard(events)
+        release()
     return reply.failure() or JSONResponse(reply.whole())
 
 
@@ -70,12 +74,13 @@ class _EventStream(StreamingResponse):
     """The answer as server-sent events. However the response ends (the answer whole, the client
     gone, even before the first event, or the server stopping) its job ends with it."""
 
-    def __init__(self, reply, events: asyncio.Queue, under_way: set) -> None:
+    def __init__(self, reply, events: asyncio.Queue, under_way: set, release) -> None:
         # server-sent events, or the reply's own framing (Ollama's NDJSON)
         super().__init__(reply.frames(events),
                          media_type=getattr(reply, "media_type", "text/event-stream"),
                          headers=SSE_HEADERS)
         self.job, self.events, self.under_way = reply.job, events, under_way
+        self.release = release
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -83,6 +88,7 @@ class _EventStream(StreamingResponse):
         finally:
             self.under_way.discard(self.events)
             self.job.cancelled = True       # done already, or nobody is left to read it
+            self.release()
 
 
 async def _answered(request: Request, events: asyncio.Queue, job: Job) -> bool:

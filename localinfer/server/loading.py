@@ -12,12 +12,15 @@ import ctypes
 import ctypes.util
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
 
 from localinfer.backends import BatchSession, context_length
 from localinfer.fit import auto, memory, rules
 from localinfer.fit.options import FitOptions, Reporter
 from localinfer.models.refs import ModelRef
 from localinfer.pipeline import load as pipeline
+from localinfer.server.embedder import Embeddings, pinned
 from localinfer.server.pool_state import Need, Plan
 from localinfer.server.worker import Worker
 
@@ -34,20 +37,31 @@ def pooled(fit: FitOptions) -> tuple[FitOptions, Need, Need]:
 
 @dataclass
 class ServedModel:
-    """One loaded model: its batch session and the worker that runs its requests."""
+    """One loaded model: its batch session, the worker that runs its requests, and what the
+    endpoints say of it (its file, its memory need, the names a request may call it by)."""
 
     name: str
     ref: ModelRef
     batch: BatchSession
     worker: Worker
+    path: Path | None = None
+    need: Need | None = None
+    names: tuple[str, ...] = ()
+    embeddings: Embeddings | None = None     # opened on its first embeddings request
 
     @property
     def n_ctx(self) -> int:
         return self.batch.n_ctx
 
+    @property
+    def session(self):
+        return self.batch.session
+
     def close(self) -> None:
         """The worker ends (the pool unloads only models no request holds), then the model."""
         self.worker.stop()
+        if self.embeddings is not None:
+            self.embeddings.close()
         self.batch.close()
         _return_heap()
 
@@ -65,6 +79,7 @@ class Loader:
     engine_log: bool = False
     use_cache: bool = True
     report: Reporter = Reporter()
+    log: Callable[[str], None] = print      # an embeddings load's failure
 
     def key(self, name: str) -> str:
         """The name the pool holds a model under, the same for every name of one model (an
@@ -75,17 +90,32 @@ class Loader:
             return str(named.ref.path.resolve())
         return named.ref.display if named.chosen else named.ref.spec.display_name
 
+    def on_disk(self, name: str) -> None:
+        """Raises ModelNotFound unless some variant of `name`'s model is on disk: without --pull,
+        a request never starts a download."""
+        from localinfer.errors import ModelNotFound
+        from localinfer.models import refs
+        named = pipeline.name(name, replace(self.fit, offline=True), self.report)
+        ref = named.ref
+        if ref.path is not None:
+            return
+        quants = [ref.quant] if named.chosen else list(ref.spec.variants)
+        store = refs.model_store()
+        if not any(store.find(ref.spec.name, quant) for quant in quants):
+            raise ModelNotFound(f"{ref.spec.display_name} is not on disk (`localinfer pull "
+                                f"{name[:200]}` first, or serve --pull)")
+
     def plan(self, name: str) -> Plan:
         named = pipeline.name(name, self.fit, self.report)
         fitted = pipeline.fit_batch(named, self.fit, self.report, parallel=self.parallel,
                                     shared=True, threads=self.threads, engine_log=self.engine_log,
                                     backend=self.backend)
         need, where = need_of(fitted)
-        return Plan(need, fitted.options.n_ctx, fitted, where)
+        return Plan(need, fitted.options.n_ctx, (named, fitted), where)
 
     def load(self, name: str, plan: Plan) -> ServedModel:
         from localinfer.cache import prompt_cache
-        fitted: pipeline.BatchFit = plan.detail
+        named, fitted = plan.detail
         batch = fitted.load()
         try:
             worker = Worker(batch, self.parallel + self.queue,
@@ -94,7 +124,19 @@ class Loader:
         except BaseException:
             batch.close()
             raise
-        return ServedModel(name, fitted.ref, batch, worker)
+        # opened on the first embeddings request, as `localinfer embed` opens it (its --ctx 0)
+        embeddings = Embeddings(pinned(named, fitted.ref), replace(self.fit, ctx=0),
+                                threads=self.threads, engine_log=self.engine_log,
+                                backend=self.backend, log=self.log)
+        return ServedModel(name, fitted.ref, batch, worker, fitted.path, plan.need,
+                           _names(name, fitted.ref), embeddings)
+
+
+def _names(name: str, ref: ModelRef) -> tuple[str, ...]:
+    """What a request may call a loaded model: names[0] is the one listed and answered with."""
+    spec = getattr(ref, "spec", None)
+    aliases = [spec.name, *spec.aliases] if spec else []
+    return tuple(dict.fromkeys([ref.display, name, *aliases]))
 
 
 def need_of(fitted: pipeline.BatchFit) -> tuple[Need, str]:

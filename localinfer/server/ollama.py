@@ -30,7 +30,8 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from localinfer.engine.prompt import uses_chat_template
-from localinfer.server import jobs, ollama_models, ollama_options, ollama_reply, requests
+from localinfer.server import hosting, jobs, ollama_models, ollama_options, ollama_reply
+from localinfer.server import requests
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.requests import Prepared
 
@@ -70,20 +71,31 @@ def routes(served) -> list[Route]:
 async def _answer(served, request: Request, *, chat: bool):
     started = time.perf_counter_ns()
     try:
-        raw = await requests.read_body(request, seconds=served.body_seconds)
-        name, prepared = await asyncio.to_thread(_prepare, raw, served, chat)
+        seen, body = await opened(served, request)
     except BadRequest as e:
         return e.response(ollama_error)
-    if prepared is None:
+    try:
+        name, prepared = await asyncio.to_thread(_prepare, body, seen, chat)
+    except BadRequest as e:
+        seen.release()
+        return e.response(ollama_error)
+    if prepared is None:            # Ollama's way to load a model (keep_alive 0: to unload it)
+        seen.release()
         return JSONResponse(ollama_reply.loaded(name, chat))
     reply = ollama_reply.Reply(name, chat, prepared, served.log, started)
-    return await jobs.run(served, request, prepared, reply, ollama_error)
+    return await jobs.run(seen, request, prepared, reply, ollama_error)
+
+
+async def opened(served, request: Request):
+    """The server as the request sees it (its model leased: release it), and its body."""
+    raw = await requests.read_body(request, seconds=served.body_seconds)
+    body = await asyncio.to_thread(requests.parse, raw)
+    return await hosting.open_view(served, body, tag=":latest"), body
 
 
 # -- the request -------------------------------------------------------------------------------
-def _prepare(raw: bytes, served, chat: bool) -> tuple[str, Prepared | None]:
+def _prepare(body: dict, served, chat: bool) -> tuple[str, Prepared | None]:
     """The name the request used and its job (None: nothing to generate, only a load)."""
-    body = requests.parse(raw)
     name = ollama_models.served_name(body, served.names)
     said = {"model": served.names[0]}
     defaults, steering = ollama_options.apply(body, said, served.defaults)

@@ -1,8 +1,9 @@
 """What Ollama's clients ask about the models: GET /api/tags (the models there are), POST
 /api/show (one model's facts), GET /api/ps (the models loaded) and GET /api/version.
 
-This server holds one model, loaded for as long as it runs: tags and ps list it, under its
-first served name with Ollama's `:latest` tag where the name has no tag of its own. The facts
+Tags lists every model the server can load without a download (server/hosting.py), ps the ones
+loaded now with their memory and keep-alive, each under the name it answers with (Ollama's `:latest`
+tag added where the name has no tag of its own); show loads the model it is asked about. The facts
 come from the GGUF header (gguf/), never from loading anything again: `details` (format gguf,
 family = general.architecture, parameter_size counted from the tensors, quantization_level from
 general.file_type), `model_info` (the header's entries: general.architecture,
@@ -25,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from localinfer.server import requests
+from localinfer.server import hosting, requests
 from localinfer.server.errors import BadRequest, ollama_error
 
 # The Ollama release whose API this server speaks (think levels, tool calls, format schemas):
@@ -65,37 +66,58 @@ class _File:
 
 
 def routes(served) -> list[Route]:
-    facts: list[_File] = []         # filled on the first question
-    lock = asyncio.Lock()
-
-    async def model_file() -> _File:
-        async with lock:
-            if not facts:
-                facts.append(await asyncio.to_thread(_read, served.model_path))
-            return facts[0]
+    files = _Files()
 
     async def tags(request: Request):
-        return JSONResponse({"models": [_entry(served, await model_file())]})
+        listed = await asyncio.to_thread(served.models.files)
+        return JSONResponse({"models": [
+            _entry((name,), await files.facts(path)) for name, path in listed]})
 
     async def ps(request: Request):
-        return JSONResponse({"models": [_loaded(served, await model_file())]})
+        shown = []
+        for status in served.models.status():
+            model = served.models.loaded(status.name)
+            if model is not None:
+                shown.append(_loaded(model, status, await files.facts(model.path)))
+        return JSONResponse({"models": shown})
 
     async def show(request: Request):
         try:
-            body = requests.parse(await requests.read_body(request,
-                                                           seconds=served.body_seconds))
-            served_name(body, served.names, "model" if "model" in body else "name")
-            if not isinstance(body.get("verbose", False), bool):
-                raise BadRequest("'verbose' must be true or false")
+            raw = await requests.read_body(request, seconds=served.body_seconds)
+            body = await asyncio.to_thread(requests.parse, raw)
+            key = "model" if "model" in body else "name"
+            seen = await hosting.open_view(served, body, name_key=key, tag=":latest")
         except BadRequest as e:
             return e.response(ollama_error)
-        return JSONResponse(_shown(served, await model_file()))
+        try:
+            served_name(body, seen.names, key)
+            if not isinstance(body.get("verbose", False), bool):
+                raise BadRequest("'verbose' must be true or false")
+            return JSONResponse(_shown(seen, await files.facts(seen.model_path)))
+        except BadRequest as e:
+            return e.response(ollama_error)
+        finally:
+            seen.release()
 
     async def version(request: Request):
         return JSONResponse({"version": VERSION})
 
     return [Route("/api/tags", tags), Route("/api/ps", ps),
             Route("/api/show", show, methods=["POST"]), Route("/api/version", version)]
+
+
+class _Files:
+    """Each model file's facts, read once (the digest reads the whole file)."""
+
+    def __init__(self) -> None:
+        self._known: dict[Path | None, _File] = {}
+        self._lock = asyncio.Lock()
+
+    async def facts(self, path: Path | None) -> _File:
+        async with self._lock:
+            if path not in self._known:
+                self._known[path] = await asyncio.to_thread(_read, path)
+            return self._known[path]
 
 
 def _read(path: Path | None) -> _File:
@@ -122,19 +144,20 @@ def _details(f: _File) -> dict:
             "quantization_level": _quantization(f.metadata.get("general.file_type"))}
 
 
-def _entry(served, f: _File) -> dict:
-    name = listed_name(served.names)
+def _entry(names: tuple[str, ...], f: _File) -> dict:
+    name = listed_name(names)
     return {"name": name, "model": name, "modified_at": f.modified_at, "size": f.size,
             "digest": f.digest, "details": _details(f)}
 
 
-def _loaded(served, f: _File) -> dict:
+def _loaded(model, status, f: _File) -> dict:
     """/api/ps's entry: the memory the model holds as the fit estimated it (RAM and GPU memory,
-    Ollama's size and size_vram; the file's size where no estimate was kept), kept for ever."""
-    need = served.need
-    size, vram = (need.ram + need.vram, need.vram) if need is not None else (f.size, 0)
-    return {**_entry(served, f), "size": size, "size_vram": vram, "expires_at": FOREVER,
-            "context_length": served.request_ctx}
+    Ollama's size and size_vram), and when its keep-alive runs out."""
+    need = status.need
+    expires = FOREVER if status.expires_in is None else \
+        _rfc3339(datetime.now(timezone.utc).timestamp() + status.expires_in)
+    return {**_entry(model.names, f), "size": need.ram + need.vram, "size_vram": need.vram,
+            "expires_at": expires, "context_length": model.n_ctx}
 
 
 def _parameter_size(n: int) -> str:

@@ -14,9 +14,8 @@ server/requests.py prepares: `options` (the runner's settings), `format`, `think
 - format: "json" (any JSON object) or a JSON schema, through the same grammar as response_format.
 - think: true, false, or "low", "medium", "high" (gpt-oss's effort): serve's --think for this
   request.
-- keep_alive: a number of seconds or a duration ("5m", "1h30m", -1), checked. It changes
-  nothing yet: the model stays loaded as long as the server runs, until one server holds several
-  models and unloads them (issue 29's model pool).
+- keep_alive: a number of seconds or a duration ("5m", "1h30m", -1), checked: how long the model
+  stays loaded after this request (server/hosting.py reads it, for every API).
 """
 
 from __future__ import annotations
@@ -156,8 +155,7 @@ def _think(value) -> bool | str | None:
 
 def check_keep_alive(value) -> float | None:
     """The keep-alive in seconds (math.inf: for ever; None: not said), read as Ollama reads it
-    (units.parse_duration: seconds, or a Go duration such as "5m" or "1h30m"). Checked here; it
-    has no effect until one server holds several models and unloads them (issue 29's pool)."""
+    (units.parse_duration: seconds, or a Go duration such as "5m" or "1h30m")."""
     if value is None:
         return None
     try:

@@ -67,18 +67,20 @@ class Pool(Generic[M]):
     """Models by name inside `budget` (less `overhead`, what the process holds once whatever it
     loads: the runtime). `plan(name)` fits a model (may raise: the acquire gets the error);
     `load(name, plan)` loads it; `unload(model)` frees it (default: `model.close()`). `log` hears
-    one line per load, unload and failure. With `reaper`, a thread unloads models as they expire;
+    one line per load and unload, `fault` (default: `log`) one per failure. With `reaper`, a
+    thread unloads models as they expire;
     without, only `expire()` does (tests drive it with their own `clock`)."""
 
     def __init__(self, budget: Need, plan: Callable[[str], Plan], load: Callable[[str, Plan], M],
                  *, unload: Callable[[M], None] = lambda model: model.close(),
                  overhead: Need = Need(0), keep_alive: float = DEFAULT_KEEP_ALIVE,
                  queue_limit: int = 64, clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] = lambda line: None, reaper: bool = True) -> None:
+                 log: Callable[[str], None] = lambda line: None,
+                 fault: Callable[[str], None] | None = None, reaper: bool = True) -> None:
         self.budget, self.overhead, self.room = budget, overhead, budget - overhead
         self.keep_alive, self.queue_limit = keep_alive, queue_limit
         self._plan, self._load, self._unload = plan, load, unload
-        self._clock, self._log = clock, log
+        self._clock, self._log, self._fault = clock, log, fault or log
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._models: dict[str, Entry] = {}        # planning, waiting for room, loading, loaded
@@ -266,7 +268,7 @@ class Pool(Generic[M]):
             if self._models.get(entry.name) is entry:
                 del self._models[entry.name]
             self._notify()
-        self._log(str(error) if entry.name in str(error) else f"{entry.name}: {error}")
+        self._fault(str(error) if entry.name in str(error) else f"{entry.name}: {error}")
 
     # -- unloading ---------------------------------------------------------------------------------
     def _close(self, entries: list[Entry], why: str) -> None:
@@ -276,7 +278,7 @@ class Pool(Generic[M]):
                 self._unload(entry.model)
                 self._log(f"unloaded {entry.name} ({why})")
             except Exception as e:      # noqa: BLE001 - counted as freed: the model is gone
-                self._log(f"unloading {entry.name} failed: {e}")
+                self._fault(f"unloading {entry.name} failed: {e}")
             with self._lock:
                 entry.model = None
                 self._freeing -= entry.plan.need
@@ -338,6 +340,12 @@ class Pool(Generic[M]):
             self._reaper.join(timeout=5)
 
     # -- looking -----------------------------------------------------------------------------------
+    def peek(self, name: str) -> M | None:
+        """The model loaded under `name` now, without a lease (None: not loaded)."""
+        with self._lock:
+            entry = self._models.get(name)
+            return entry.model if entry is not None and entry.state == READY else None
+
     def status(self) -> list[Status]:
         """The models loaded or loading, most recently used first (`ps`, /api/ps, /metrics)."""
         with self._lock:

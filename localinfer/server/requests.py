@@ -138,10 +138,11 @@ def _check_values(body) -> None:
             stack.extend((item, depth + 1) for item in value)
 
 
-def prepare(raw: bytes, session, names: tuple[str, ...], request_ctx: int, *,
+def prepare(raw: bytes | dict, session, names: tuple[str, ...], request_ctx: int, *,
             chat: bool, defaults: Defaults = Defaults()) -> Prepared:
-    """The job a body asks for (run in a thread: template, tokens and grammar take time)."""
-    body = parse(raw)
+    """The job a body (raw, or `parse`d already) asks for (run in a thread: template, tokens and
+    grammar take time)."""
+    body = raw if isinstance(raw, dict) else parse(raw)
     check_model(body, names)
     try:
         return _prepare(body, session, request_ctx, chat=chat, defaults=defaults)

@@ -41,11 +41,13 @@ class Loaded:
 
 
 def loaded(served) -> list[Loaded]:
-    """The models loaded now: the one a server holds today. The model pool's status (name, need)
-    with each model's worker replaces this once serve serves several."""
-    need = getattr(served, "need", None)
-    return [Loaded(served.names[0], served.worker, need.ram if need else 0,
-                   need.vram if need else 0)]
+    """The models loaded now (the pool's: a model still loading has no worker to read yet)."""
+    shown = []
+    for status in served.models.status():
+        model = served.models.loaded(status.name)
+        if model is not None:
+            shown.append(Loaded(model.names[0], model.worker, status.need.ram, status.need.vram))
+    return shown
 
 
 class ServedMetrics:

@@ -1,0 +1,144 @@
+"""`ps` and `stop`: what a running `localinfer serve` has loaded, and unloading one model.
+
+They speak the server's Ollama endpoints, as `ollama ps` and `ollama stop` do: GET /api/ps, and
+POST /api/generate with no prompt and keep_alive 0 (the model is unloaded once the requests that
+hold it are done). Any server that speaks that API answers them, an Ollama too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from typing import Optional
+
+import typer
+
+from localinfer.cli import console
+from localinfer.errors import LocalinferError, UsageError
+from localinfer.units import human_size
+
+TIMEOUT_S = 30.0        # a server busy loading a model still answers /api/ps at once
+KEY_ENV = "LOCALINFER_API_KEY"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(ps)
+    app.command()(stop)
+
+
+def _url_option():
+    return typer.Option(None, "--url", metavar="URL", help="The server's address (default: "
+                        "http://127.0.0.1:PORT).")
+
+
+def _port_option():
+    return typer.Option(8080, "--port", min=1, max=65535, metavar="PORT",
+                        help="The port of a server on this machine (1-65535).")
+
+
+def ps(url: Optional[str] = _url_option(), port: int = _port_option()) -> None:
+    """The models a running server holds: name, memory, where they run, context, until when.
+
+    \b
+    localinfer ps
+    localinfer ps --url http://gpu-box:8080
+    """
+    models = _call(_base(url, port), "/api/ps")["models"]
+    rows = [[m.get("name", "?"), human_size(m.get("size", 0)), _processor(m),
+             f"{m['context_length']:,}" if isinstance(m.get("context_length"), int) else "",
+             _until(m.get("expires_at"))] for m in models if isinstance(m, dict)]
+    if not rows:
+        console.note("no models loaded")
+        return
+    console.print_table(["NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"], rows)
+
+
+def stop(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
+                                     help="The model, as `localinfer ps` names it."),
+         url: Optional[str] = _url_option(), port: int = _port_option()) -> None:
+    """Unload a model from a running server (once the requests using it are done).
+
+    \b
+    localinfer stop smollm2-135m-instruct:Q4_1
+    """
+    base = _base(url, port)
+    loaded = [m.get("name") for m in _call(base, "/api/ps")["models"] if isinstance(m, dict)]
+    if model not in loaded and f"{model}:latest" not in loaded:
+        raise UsageError(f"{model} is not loaded on {base}; loaded: {', '.join(loaded) or 'none'}")
+    _call(base, "/api/generate", {"model": model, "keep_alive": 0})
+
+
+def _base(url: str | None, port: int) -> str:
+    base = (url or f"http://127.0.0.1:{port}").rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise UsageError(f"--url must start with http:// or https://, not {base[:100]!r}")
+    return base
+
+
+def _call(base: str, path: str, body: dict | None = None) -> dict:
+    """One request to the server; its JSON object. Any failure is one LocalinferError line."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method="GET" if data is None
+                                     else "POST", headers={"Content-Type": "application/json"})
+    if key := os.environ.get(KEY_ENV):
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:
+            answer = json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        raise LocalinferError(f"{base}{path}: {e.code} {_said(e)}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise LocalinferError(f"no server answered at {base} ({reason}); is `localinfer serve` "
+                              "running there?") from None
+    except ValueError:
+        raise LocalinferError(f"{base}{path} did not answer with JSON: is it a localinfer or "
+                              "Ollama server?") from None
+    if not isinstance(answer, dict) or (path == "/api/ps" and
+                                        not isinstance(answer.get("models"), list)):
+        raise LocalinferError(f"{base}{path} answered with something else than expected")
+    return answer
+
+
+def _said(error: urllib.error.HTTPError) -> str:
+    """The server's own message in an error reply (OpenAI's or Ollama's shape)."""
+    try:
+        body = json.loads(error.read())
+        said = body.get("error")
+        return str(said.get("message") if isinstance(said, dict) else said)[:300]
+    except (ValueError, AttributeError, OSError):
+        return error.reason
+
+
+def _processor(model: dict) -> str:
+    """As `ollama ps` says it: 100% CPU, 100% GPU, or the split."""
+    from localinfer.server.pool_state import Need, processor
+    size, vram = model.get("size") or 0, model.get("size_vram") or 0
+    return processor(Need(max(size - vram, 0), vram)) if size else "100% CPU"
+
+
+def _until(expires_at: object) -> str:
+    if not isinstance(expires_at, str):
+        return ""
+    try:
+        when = datetime.strptime(expires_at[:19], "%Y-%m-%dT%H:%M:%S").replace(
+            tzinfo=timezone.utc)
+    except ValueError:
+        return expires_at[:40]
+    seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    if seconds > 100 * 365 * 86400:
+        return "Forever"
+    if seconds <= 0:
+        return "now"
+    return f"{_span(seconds)} from now"
+
+
+def _span(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} hour{'s' if hours > 1 else ''}" + (f" {minutes} min" if minutes else "")
+    return f"{minutes} minute{'s' if minutes != 1 else ''}" if minutes else f"{secs} seconds"

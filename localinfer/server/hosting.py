@@ -1,0 +1,166 @@
+"""What `serve` serves: every model it can find by name, each loaded on demand into the pool
+(server/pool.py) and leased by a request for as long as its answer runs.
+
+A request's `model` is resolved as `run` resolves a MODEL (catalogue name or alias[:QUANT],
+hf:OWNER/REPO[:QUANT], a .gguf path) to the pool's key (server/loading.py's Loader.key), so an
+alias, another case or the variant's own name reach the same loaded model. Without --pull a model
+must be on disk already: a name the store and catalogue do not know, or a catalogue model not
+pulled, is a 404. The models named on the command line are loaded at start and, unless a request
+says otherwise, stay loaded.
+
+Each request works on a view of the server (`Served.hosting`) whose model fields are its leased
+model's; the view's `release` gives the lease back, once, when the answer is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+from localinfer.errors import LocalinferError
+from localinfer.server.errors import BadRequest
+from localinfer.server.loading import Loader, ServedModel
+from localinfer.server.pool import Lease, Pool
+from localinfer.server.pool_state import Busy, Status, TooLarge
+
+KNOWN_NAMES = 1024      # names resolved to keys that are remembered (a client may send any)
+
+
+class Models:
+    """The pool, and the names that reach its models."""
+
+    def __init__(self, loader: Loader, pool: Pool[ServedModel], *, pull: bool = False) -> None:
+        self.loader, self.pool, self.pull = loader, pool, pull
+        self._keys: OrderedDict[str, str] = OrderedDict()     # a request's name -> pool key
+        self._pinned: dict[str, str] = {}    # the command line's models: every name -> key
+        self._kept: set[str] = set()          # their keys: kept loaded unless a request says
+
+    # -- names ------------------------------------------------------------------------------
+    def key(self, name: str) -> str:
+        """The pool's key for a request's model name (blocking: reads the catalogue and the
+        store); a LocalinferError for a name that cannot be served."""
+        if name in self._pinned:
+            return self._pinned[name]
+        if name in self._keys:
+            self._keys.move_to_end(name)
+            key = self._keys[name]
+        else:
+            key = self.loader.key(name)
+            if not self.pull:
+                self.loader.on_disk(name)
+            self._keys[name] = key
+            if len(self._keys) > KNOWN_NAMES:
+                self._keys.popitem(last=False)
+        # A model loaded under another of its names (the variant's own, an alias) answers this
+        # one too, rather than a second copy of it.
+        for model in self._models():
+            if key == model.name or name in model.names or key in model.names:
+                return model.name
+        return key
+
+    def preload(self, name: str) -> ServedModel:
+        """A command-line model: loaded now (pulled first if need be), kept loaded, and reached
+        by every name it has."""
+        key = self.loader.key(name)
+        with self.pool.acquire(key, math.inf) as lease:
+            model = lease.model
+        for known in (name, key, *model.names):
+            self._pinned.setdefault(known, key)
+        self._kept.add(key)
+        return model
+
+    def listed(self) -> list[tuple[str, int]]:
+        """What /v1/models lists, with the context one request may use where it is known (0:
+        not loaded, so not fitted yet). Blocking: reads the store."""
+        ctx = {m.names[0]: m.n_ctx for m in self._models()}
+        return [(name, ctx.get(name, 0)) for name, _ in self.files()]
+
+    def files(self) -> list[tuple[str, Path]]:
+        """(name, file) of every model that can be served without a download: the models loaded,
+        by the name each answers with, then every model on disk as NAME:QUANT (/api/tags).
+        Blocking: reads the store."""
+        from localinfer.models import refs
+        shown = {m.names[0]: m.path for m in self._models()}
+        loaded = {path.resolve() for path in shown.values() if path is not None}
+        store = refs.model_store()
+        for stored in store.installed():
+            if stored.path.resolve() not in loaded:
+                shown.setdefault(f"{stored_name(store, stored.name)}:{stored.quant}", stored.path)
+        return list(shown.items())
+
+    def _models(self) -> list[ServedModel]:
+        return [m for m in map(self.loaded, (s.name for s in self.pool.status())) if m]
+
+    def broken(self) -> str | None:
+        """A loaded model whose worker has failed (its engine error), for /health."""
+        for status in self.pool.status():
+            model = self.loaded(status.name)
+            if model is not None and model.worker.error is not None:
+                return f"{model.names[0]}: {model.worker.error}"
+        return None
+
+    def loaded(self, key: str) -> ServedModel | None:
+        return self.pool.peek(key)
+
+    def status(self) -> list[Status]:
+        return self.pool.status()
+
+    # -- leases -----------------------------------------------------------------------------
+    async def lease(self, name: object, keep_alive: float | None) -> Lease[ServedModel]:
+        """The model a request names, loaded if need be; the errors each as the client's
+        reply: an unknown name a 404, a full wait a 429, too large a 400, a failed load a 500."""
+        if not isinstance(name, str) or not name:
+            raise BadRequest("'model' is required and must be a string", "model")
+        try:
+            key = await asyncio.to_thread(self.key, name)
+        except LocalinferError as e:
+            loaded = ", ".join(m.names[0] for m in self._models()) or "none"
+            raise BadRequest(f"model '{name[:200]}' not found: {e}; loaded now: "
+                             f"{loaded}", "model", status=404, code="model_not_found") from None
+        if keep_alive is None and key in self._kept:
+            keep_alive = math.inf
+        try:
+            return await self.pool.acquire_async(key, keep_alive)
+        except Busy as e:
+            raise BadRequest(str(e), status=429, code="too_many_requests") from None
+        except TooLarge as e:
+            raise BadRequest(str(e), "model", code="model_too_large") from None
+        except LocalinferError as e:
+            raise BadRequest(str(e), status=500, code="model_load_failed") from None
+
+
+def stored_name(store, name: str) -> str:
+    """A store folder's name as a user types it: `hf:OWNER/REPO` for a model from the Hub."""
+    from localinfer.models import hub
+    repo = hub.stored_repo(store, name)
+    return f"hf:{repo}" if repo else name
+
+
+async def open_view(served, body: dict, *, name_key: str = "model", tag: str = ""):
+    """The server as the request in `body` sees it, its model leased (errors as BadRequest).
+    `tag`: a suffix a name may carry that names nothing (Ollama's `:latest`). The request's
+    `keep_alive` (Ollama's field; an extra one in the OpenAI and Anthropic APIs) is the model's
+    from now on."""
+    from localinfer.server.ollama_options import check_keep_alive
+    name = body.get(name_key)
+    keep_alive = check_keep_alive(body.get("keep_alive"))
+    bare = name.removesuffix(tag) if tag and isinstance(name, str) else name
+    lease = await served.models.lease(bare or name, keep_alive)
+    return view(served, lease, name)
+
+
+def view(served, lease: Lease[ServedModel], asked: str):
+    """The server as one request sees it: the leased model's fields, the server's own shared
+    (its metrics, its answers under way); `release()` gives the lease back. The name the
+    request used is among `names` (names[0] stays the one the model answers with)."""
+    model = lease.model
+    seen = copy.copy(served)
+    seen.worker, seen.session = model.worker, model.session
+    seen.names = tuple(dict.fromkeys([model.names[0], asked, *model.names[1:]]))
+    seen.request_ctx, seen.model_path, seen.need = model.n_ctx, model.path, model.need
+    seen.embeddings, seen.release = model.embeddings, lease.release
+    return seen
+

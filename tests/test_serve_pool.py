@@ -1,0 +1,120 @@
+"""One server, many models (issue 29): a live `serve` started with SmolLM2 loads Gemma 3 when a
+request names it, keeps or unloads it as keep_alive says, lists every model on disk, and answers
+`localinfer ps` and `localinfer stop`; names it cannot serve are 404s, a broken file a 500, and the
+other model serves on. The pool's own rules (budget, eviction, waiting) are tests/test_pool.py's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import urllib.error
+import urllib.request
+
+import pytest
+from helpers import GEMMA, SMOLLM, run_cli, start_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(models_home):
+    proc, url = start_server(SMOLLM, "--ctx", "1024", "--parallel", "2")
+    yield url
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=60)
+    except Exception:
+        proc.kill()
+        raise
+
+
+def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(url + path, timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+def _loaded(url: str) -> dict[str, dict]:
+    return {m["name"]: m for m in _get(url, "/api/ps")["models"]}
+
+
+def _complete(url: str, model: str, **extra) -> tuple[int, dict]:
+    return _post(url, "/v1/completions", {"model": model, "prompt": "The capital of France is",
+                                          "max_tokens": 4, "temperature": 0, **extra})
+
+
+def test_a_second_model_is_loaded_when_asked_for_and_unloaded_as_keep_alive_says(server):
+    status, reply = _complete(server, GEMMA, keep_alive=-1)
+    assert status == 200, reply
+    assert reply["model"].startswith("gemma-3-270m:") and reply["choices"][0]["text"]
+    loaded = _loaded(server)
+    gemma = reply["model"]
+    assert set(loaded) == {gemma, "smollm2-135m-instruct:Q4_1"}
+    assert loaded[gemma]["expires_at"].startswith("2318")         # -1: kept
+    # Another of its names reaches the same loaded model (no second load)
+    status, again = _complete(server, gemma, keep_alive="0")
+    assert status == 200 and again["model"] == gemma
+    assert set(_loaded(server)) == {"smollm2-135m-instruct:Q4_1"}   # 0: unloaded when done
+    # The server's own model stays, and still answers
+    assert _complete(server, SMOLLM)[0] == 200
+    assert "smollm2-135m-instruct:Q4_1" in _loaded(server)
+
+
+def test_ps_and_stop_talk_to_the_server(server):
+    port = server.rsplit(":", 1)[1]
+    assert _post(server, "/api/generate", {"model": GEMMA})[0] == 200     # Ollama's load
+    shown = run_cli("ps", "--port", port)
+    assert shown.returncode == 0, shown.stderr
+    header, *rows = shown.stdout.splitlines()
+    assert header.split() == ["NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
+    names = [row.split()[0] for row in rows]
+    gemma = next(name for name in names if name.startswith("gemma-3-270m:"))
+    assert "100% CPU" in shown.stdout and "Forever" in shown.stdout       # serve's own model
+    stopped = run_cli("stop", gemma, "--port", port)
+    assert stopped.returncode == 0, stopped.stderr
+    assert gemma not in _loaded(server)
+    again = run_cli("stop", gemma, "--port", port)
+    assert again.returncode == 2 and "is not loaded" in again.stderr
+    assert again.stderr.count("\n") == 1
+
+
+def test_models_it_cannot_serve_are_404s_that_say_why(server):
+    status, reply = _complete(server, "no-such-model")
+    assert status == 404 and reply["error"]["code"] == "model_not_found"
+    assert "no-such-model" in reply["error"]["message"]
+    # a catalogue model that is not on disk: no download without --pull
+    status, reply = _complete(server, "qwen2.5-0.5b")
+    assert status == 404 and "is not on disk" in reply["error"]["message"]
+    assert "qwen2.5" not in json.dumps(_get(server, "/api/tags"))
+
+
+def test_tags_list_every_model_on_disk(server, models_home):
+    from localinfer.models.store import Store
+    from localinfer.server.hosting import stored_name
+    store = Store(models_home / "data" / "models")
+    on_disk = {f"{stored_name(store, m.name)}:{m.quant}" for m in store.installed()}
+    listed = {m["name"] for m in _get(server, "/api/tags")["models"]}
+    assert listed == on_disk
+
+
+def test_a_broken_model_file_is_a_500_and_the_other_model_serves_on(server, smollm_path,
+                                                                    tmp_path):
+    broken = tmp_path / "broken.gguf"
+    with open(smollm_path, "rb") as source, open(broken, "wb") as out:
+        out.write(source.read()[: 4 << 20])          # the header whole, the tensors cut short
+    status, reply = _complete(server, str(broken))
+    assert status in (400, 500), reply
+    assert reply["error"]["message"]
+    assert str(broken) not in _loaded(server)
+    assert _complete(server, SMOLLM)[0] == 200
+    shutil.rmtree(tmp_path, ignore_errors=True)

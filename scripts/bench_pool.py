@@ -69,7 +69,7 @@ def main() -> int:
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "localinfer", "serve", "--offline", "--port", str(port),
            "--ctx", str(args.ctx), "--parallel", str(args.parallel), "--memory", str(budget),
-           "--no-cache"]
+           "--no-cache", "-v"]
     proc = common.start_server(cmd, port, "localinfer serve", log)
     url = f"http://127.0.0.1:{port}"
     try:

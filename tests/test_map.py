@@ -143,6 +143,39 @@ def test_jobs_arrive_while_others_run_and_cancelled_ones_free_their_sequence(smo
     batch.close()
 
 
+def test_batch_jobs_leave_a_slot_to_interactive_ones_and_never_go_first(smollm_path):
+    """Three slots: batch jobs take two at most, so an interactive job that arrives while they
+    run starts at the next step; waiting interactive jobs go before waiting batch ones."""
+    batch = SequenceBatch(smollm_path, LoadOptions(n_ctx=256 * 4), 4)
+    prompt = chat_tokens(batch.session, messages_for("Tell me a long story.", None))
+
+    def job(name: str, tokens: int, batched: bool) -> Job:
+        made = Job(prompt, make_sampler(GREEDY), Limits(tokens), batch=batched)
+        made.index = name           # the caller's own label
+        return made
+    batch_jobs = [job(f"b{i}", 30, True) for i in range(4)]
+    late = [job("late-batch", 4, True), job("i1", 4, False), job("i2", 4, False)]
+    steps, done, running = [], [], []
+
+    def arrivals(idle: bool):
+        steps.append(idle)
+        running.append(len([j for j in batch_jobs if j.tokens and not j.stats.finish_reason]))
+        if len(steps) == 4:
+            return late
+        return None if idle else []
+
+    Scheduler(batch).run(batch_jobs, done.append, arrivals)
+    batch.close()
+    assert max(running) <= 2 and len(done) == 7           # never a third batch job at once
+    assert all(j.stats.finish_reason == "length" for j in done)
+    # the two interactive jobs, though they came after the late batch one, start before it
+    # and before the batch jobs still waiting since the start
+    order = [j.index for j in done]
+    assert order.index("i1") < order.index("late-batch") and order.index("i2") < order.index(
+        "late-batch")
+    assert order.index("i1") < order.index("b2") and order.index("i2") < order.index("b3")
+
+
 @pytest.mark.parametrize("name", ["smollm", "gemma"])       # gemma: sliding-window layers
 def test_a_prompt_the_prompt_cache_holds_is_restored_into_its_sequence(request, name, tmp_path,
                                                                       monkeypatch):

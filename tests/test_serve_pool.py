@@ -118,3 +118,21 @@ def test_a_broken_model_file_is_a_500_and_the_other_model_serves_on(server, smol
     assert str(broken) not in _loaded(server)
     assert _complete(server, SMOLLM)[0] == 200
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_priority_is_read_from_the_body_the_ollama_options_or_a_header(server):
+    assert _complete(server, SMOLLM, priority="batch")[0] == 200
+    status, reply = _complete(server, SMOLLM, priority="urgent")
+    assert status == 400 and reply["error"]["param"] == "priority"
+    request = urllib.request.Request(
+        server + "/v1/completions", json.dumps({"model": SMOLLM, "prompt": "Hi",
+                                                "max_tokens": 2}).encode(),
+        {"Content-Type": "application/json", "X-Priority": "sometime"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400
+    status, reply = _post(server, "/api/generate", {"model": SMOLLM, "prompt": "Hi",
+                                                    "stream": False,
+                                                    "options": {"priority": "batch",
+                                                                "num_predict": 2}})
+    assert status == 200 and reply["done"]

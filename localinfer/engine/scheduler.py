@@ -50,6 +50,7 @@ class Job:
     on_text: Callable[[str], None] | None = None
     index: int = 0                # the caller's number for it (map: its input line)
     cancelled: bool = False       # set from another thread (a client gone): freed before a step
+    batch: bool = False           # a batch job: never ahead of an interactive one (see _admit)
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
@@ -149,8 +150,9 @@ class Scheduler:
                 came = arrivals(not (waiting or running))
                 if came is None:
                     arrivals = None
-                else:
-                    waiting.extend(came)
+                elif came:
+                    # interactive jobs ahead of batch ones, each in the order they came
+                    waiting = deque(sorted([*waiting, *came], key=lambda job: job.batch))
             for seq in [s for s, r in running.items() if r.job.cancelled]:
                 self._finish(running, free, seq, "cancelled", on_done)
             self._admit(waiting, running, free, on_done)
@@ -164,9 +166,14 @@ class Scheduler:
 
     def _admit(self, waiting: deque, running: dict, free: list[int],
                on_done: Callable[[Job], None]) -> None:
-        """Start waiting jobs, in order, while a slot is free and the pool has their room."""
+        """Start waiting jobs, in order, while a slot is free and the pool has their room.
+        Batch jobs leave one slot to interactive ones (when there are two or more), so that an
+        interactive request never waits for a batch one to end."""
         while free and waiting:
             job = waiting[0]
+            if job.batch and not job.cancelled and \
+                    sum(r.job.batch for r in running.values()) >= max(1, self.parallel - 1):
+                return
             if job.cancelled or self._refused(job):
                 waiting.popleft()
                 job.stats.finish_reason = "cancelled" if job.cancelled else ""
@@ -324,6 +331,10 @@ class Scheduler:
         """One llama_decode for every running request; the sequences that finished (with the
         reason to record: None when the emitter set it, "error" when the job failed alone)."""
         pieces, owners = [], []
+        if any(r.pending and not r.job.batch for r in running):
+            # An interactive prompt is being read: batch jobs sit this step out, so that its
+            # first token comes about as soon as on an idle server.
+            running = [r for r in running if not r.job.batch]
         decoding = [r for r in running if not r.pending]
         room = self.batch.n_batch - len(decoding)
         for r in decoding:

@@ -66,7 +66,8 @@ def _refused(e: BadRequest) -> JSONResponse:
 async def _opened(served, request: Request):
     """The request's body, and the server as it sees it (its model leased)."""
     raw = await requests.read_body(request, seconds=served.body_seconds)
-    body = await asyncio.to_thread(requests.parse, raw)
+    body = requests.with_priority_header(await asyncio.to_thread(requests.parse, raw),
+                                         request.headers)
     return body, await hosting.open_view(served, body)
 
 
@@ -118,7 +119,7 @@ def _translate(body: dict, defaults, *, counting: bool):
         if most is None:
             raise BadRequest("'max_tokens' is required")
         chat["max_tokens"] = most
-        for key in ("temperature", "top_p", "top_k"):
+        for key in ("temperature", "top_p", "top_k", "priority"):
             if body.get(key) is not None:
                 chat[key] = body[key]
         if body.get("stream") is not None:

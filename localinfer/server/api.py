@@ -39,7 +39,7 @@ from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
     closed_early, run
 from localinfer.server.requests import BODY_SECONDS, Defaults, Prepared, parse, prepare, \
-    read_body
+    read_body, with_priority_header
 
 _FINISH = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -134,7 +134,7 @@ def _shown(request: Request) -> str:
 async def _complete(served: Served, request: Request, *, chat: bool):
     try:
         raw = await read_body(request, seconds=served.body_seconds)
-        body = await asyncio.to_thread(parse, raw)
+        body = with_priority_header(await asyncio.to_thread(parse, raw), request.headers)
         seen = await hosting.open_view(served, body)
     except BadRequest as e:
         return e.response()

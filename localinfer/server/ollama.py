@@ -90,6 +90,11 @@ async def opened(served, request: Request):
     """The server as the request sees it (its model leased: release it), and its body."""
     raw = await requests.read_body(request, seconds=served.body_seconds)
     body = await asyncio.to_thread(requests.parse, raw)
+    said = request.headers.get(requests.PRIORITY_HEADER)
+    if said is not None:            # under the name the options take it by
+        options = body.setdefault("options", {})
+        if isinstance(options, dict):
+            options.setdefault("priority", said.strip().lower())
     return await hosting.open_view(served, body, tag=":latest"), body
 
 

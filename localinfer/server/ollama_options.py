@@ -5,7 +5,7 @@ server/requests.py prepares: `options` (the runner's settings), `format`, `think
 - options: temperature, top_k, top_p, min_p, seed and repeat_penalty become the request's own
   fields (checked there, with the same ranges as the OpenAI endpoint); num_predict its max_tokens
   (-1 and -2: until the end of generation or of the context); stop its stop strings; repeat_last_n
-  the repeat penalty's window; num_ctx a smaller context for this request (a larger one means the
+  the repeat penalty's window; priority ("batch" or "interactive") the request's; num_ctx a smaller context for this request (a larger one means the
   server's: the model was loaded with serve's --ctx). The settings Ollama
   applies when it loads a model (num_gpu, num_thread, ...) are accepted and change nothing: this
   server loaded its model once, with serve's options. Sampling methods it does not have
@@ -63,7 +63,7 @@ def apply(body: dict, chat: dict, defaults: Defaults) -> tuple[Defaults, Steerin
         raise BadRequest("'options' must be an object")
     for name, value in options.items():
         _check_name(name, value)
-    for name in SAMPLING:
+    for name in (*SAMPLING, "priority"):
         if options.get(name) is not None:
             chat[name] = options[name]
     most = _num_predict(options.get("num_predict"))
@@ -85,11 +85,12 @@ def apply(body: dict, chat: dict, defaults: Defaults) -> tuple[Defaults, Steerin
 
 def _check_name(name: str, value) -> None:
     if name in SAMPLING or name in AT_LOAD or name in ("num_predict", "num_ctx", "stop",
-                                                        "repeat_last_n"):
+                                                        "repeat_last_n", "priority"):
         return
     if name not in NEUTRAL:
         raise BadRequest(f"'options.{name[:64]}' is not an option this server knows; it takes "
-                         f"{', '.join(SAMPLING)}, num_predict, num_ctx, stop and repeat_last_n")
+                         f"{', '.join(SAMPLING)}, num_predict, num_ctx, stop, repeat_last_n "
+                         "and priority")
     neutral = NEUTRAL[name]
     if neutral is not None and value is not None and value != neutral:
         raise BadRequest(f"'options.{name}' is not supported here (only {neutral}, which "

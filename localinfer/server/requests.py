@@ -193,7 +193,30 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
     constrained = None if grammar is None else _OwnFailure(ConstrainedSampler(params, grammar))
     sampler = make_sampler(params) if constrained is None else constrained
     limits = Limits(limit, stops, shown=setup.shown_markers(session, style))
-    return Prepared(Job(tokens, sampler, limits), stream, constrained, style, plan)
+    job = Job(tokens, sampler, limits, batch=_priority(body.get("priority")) == "batch")
+    return Prepared(job, stream, constrained, style, plan)
+
+
+PRIORITIES = ("interactive", "batch")
+PRIORITY_HEADER = "x-priority"
+
+
+def _priority(value) -> str:
+    """`priority`: interactive (the default) or batch, which never takes a slot an interactive
+    request waits for (engine/scheduler.py)."""
+    if value is None:
+        return "interactive"
+    if value not in PRIORITIES:
+        raise BadRequest("'priority' must be \"interactive\" or \"batch\"", "priority")
+    return value
+
+
+def with_priority_header(body: dict, headers) -> dict:
+    """The body with the request's X-Priority header as its `priority`, unless it says one."""
+    said = headers.get(PRIORITY_HEADER)
+    if said is not None and "priority" not in body:
+        body["priority"] = said.strip().lower()
+    return body
 
 
 def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),

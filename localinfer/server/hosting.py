@@ -8,7 +8,7 @@ must be on disk already: a name the store and catalogue do not know, or a catalo
 pulled, is a 404. The models named on the command line are loaded at start and, unless a request
 says otherwise, stay loaded.
 
-Each request works on a view of the server (`Served.hosting`) whose model fields are its leased
+Each request works on a view of the server (`open_view`) whose model fields are its leased
 model's; the view's `release` gives the lease back, once, when the answer is done.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class Models:
         self._keys: OrderedDict[str, str] = OrderedDict()     # a request's name -> pool key
         self._pinned: dict[str, str] = {}    # the command line's models: every name -> key
         self._kept: set[str] = set()          # their keys: kept loaded unless a request says
+        self._lock = threading.Lock()
 
     # -- names ------------------------------------------------------------------------------
     def key(self, name: str) -> str:
@@ -44,16 +46,18 @@ class Models:
         store); a LocalinferError for a name that cannot be served."""
         if name in self._pinned:
             return self._pinned[name]
-        if name in self._keys:
-            self._keys.move_to_end(name)
-            key = self._keys[name]
-        else:
+        with self._lock:            # requests resolve their names in threads of their own
+            key = self._keys.get(name)
+            if key is not None:
+                self._keys.move_to_end(name)
+        if key is None:
             key = self.loader.key(name)
             if not self.pull:
                 self.loader.on_disk(name)
-            self._keys[name] = key
-            if len(self._keys) > KNOWN_NAMES:
-                self._keys.popitem(last=False)
+            with self._lock:
+                self._keys[name] = key
+                if len(self._keys) > KNOWN_NAMES:
+                    self._keys.popitem(last=False)
         # A model loaded under another of its names (the variant's own, an alias) answers this
         # one too, rather than a second copy of it.
         for model in self._models():

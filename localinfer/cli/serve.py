@@ -97,7 +97,7 @@ def serve(
     verbose: int = verbose_option("-v: one line per request on stderr (method, path, status, "
                                   "model, tokens, seconds); -vv: the engine's log too."),
 ) -> None:
-    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
+    """Serve models over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models,
     /v1/embeddings), Anthropic's /v1/messages and Ollama's API (/api/chat, /api/generate,
     /api/tags, /api/show, /api/ps, /api/embed).
 
@@ -111,6 +111,7 @@ def serve(
       localinfer serve qwen2.5-1.5b --host 0.0.0.0 --api-key "$KEY" --temp 0.2
       (then any OpenAI client, base_url http://127.0.0.1:8080/v1)
       localinfer serve smollm2 --port 11434    (Ollama's port, for its clients)
+      localinfer serve --keep-alive 10m         (any model on disk, loaded when asked for)
     """
     from localinfer.server import guard
     key = api_key or os.environ.get(KEY_ENV) or None
@@ -125,8 +126,8 @@ def serve(
     from localinfer.server import listen
     sock = listen.bind(host, port)      # a port in use is one line now, not after the load
     try:
-        _serve(sock, models or [], idle=idle, pull=pull and not offline, host=host, port=port, parallel=parallel, queue=queue, key=key,
-               cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
+        _serve(sock, models or [], idle=idle, pull=pull and not offline, host=host, port=port,
+               parallel=parallel, queue=queue, key=key, cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, verbose=verbose,
                defaults=defaults,
                fit=fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,

@@ -136,3 +136,30 @@ def test_priority_is_read_from_the_body_the_ollama_options_or_a_header(server):
                                                     "options": {"priority": "batch",
                                                                 "num_predict": 2}})
     assert status == 200 and reply["done"]
+
+
+def test_a_request_cancelled_while_its_model_loads_leaves_the_server_whole(server):
+    import socket
+    import time
+    _post(server, "/api/generate", {"model": GEMMA, "keep_alive": 0})     # unloaded, so the
+    for _ in range(100):                                    # request below waits for a load
+        if not any(name.startswith("gemma-3-270m:") for name in _loaded(server)):
+            break
+        time.sleep(0.1)
+    request = urllib.request.Request(
+        server + "/v1/completions", json.dumps({"model": GEMMA, "prompt": "Hi",
+                                                "max_tokens": 2}).encode(),
+        {"Content-Type": "application/json"})
+    with pytest.raises((TimeoutError, socket.timeout, urllib.error.URLError)):
+        urllib.request.urlopen(request, timeout=0.2)        # gone before the load ends
+    for _ in range(600):                                    # the load goes on, then idles
+        if any(name.startswith("gemma-3-270m:") for name in _loaded(server)):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(_loaded(server))
+    assert _complete(server, GEMMA)[0] == 200 and _complete(server, SMOLLM)[0] == 200
+    metrics = urllib.request.urlopen(server + "/metrics", timeout=60).read().decode()
+    running = [line for line in metrics.splitlines()
+               if line.startswith("localinfer_running_sequences{")]
+    assert running and all(line.endswith(" 0") for line in running), running

@@ -163,3 +163,16 @@ def test_a_request_cancelled_while_its_model_loads_leaves_the_server_whole(serve
     running = [line for line in metrics.splitlines()
                if line.startswith("localinfer_running_sequences{")]
     assert running and all(line.endswith(" 0") for line in running), running
+
+
+def test_a_model_file_removed_while_loaded_serves_until_unloaded_then_is_a_404(server,
+                                                                             smollm_path,
+                                                                             tmp_path):
+    copy = tmp_path / "copy-of-smollm.gguf"
+    shutil.copyfile(smollm_path, copy)
+    assert _complete(server, str(copy))[0] == 200
+    copy.unlink()
+    assert _complete(server, str(copy), keep_alive=0)[0] == 200     # still mapped: it answers
+    status, reply = _complete(server, str(copy))
+    assert status == 404 and "no such model file" in reply["error"]["message"], reply
+    assert _complete(server, SMOLLM)[0] == 200

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from localinfer.errors import LocalinferError
+from localinfer.errors import LocalinferError, ModelNotFound
 from localinfer.server.errors import BadRequest
 from localinfer.server.loading import Loader, ServedModel
 from localinfer.server.pool import Lease, Pool
@@ -132,6 +132,8 @@ class Models:
             raise BadRequest(str(e), status=429, code="too_many_requests") from None
         except TooLarge as e:
             raise BadRequest(str(e), "model", code="model_too_large") from None
+        except ModelNotFound as e:          # its file went away since the name was resolved
+            raise BadRequest(str(e), "model", status=404, code="model_not_found") from None
         except LocalinferError as e:
             raise BadRequest(str(e), status=500, code="model_load_failed") from None
 

@@ -48,7 +48,7 @@ def _post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict
 
 def test_models_lists_the_served_model_and_the_context_a_request_may_use(client, models_home):
     from localinfer.models.store import Store
-    from localinfer.server.hosting import stored_name
+    from localinfer.models.hub import stored_name
     listed = client.models.list().data
     # the loaded model first, with what a request may use: --ctx 512 is the pool the two slots
     # share, one request may fill it all; then every other model on disk, loaded on demand

@@ -100,7 +100,7 @@ def test_models_it_cannot_serve_are_404s_that_say_why(server):
 
 def test_tags_list_every_model_on_disk(server, models_home):
     from localinfer.models.store import Store
-    from localinfer.server.hosting import stored_name
+    from localinfer.models.hub import stored_name
     store = Store(models_home / "data" / "models")
     on_disk = {f"{stored_name(store, m.name)}:{m.quant}" for m in store.installed()}
     listed = {m["name"] for m in _get(server, "/api/tags")["models"]}

@@ -10,7 +10,7 @@ import typer
 from localinfer.cli import console
 from localinfer.cli.options import json_option, model_argument
 from localinfer.errors import UsageError
-from localinfer.models import refs
+from localinfer.models import hub, refs
 from localinfer.units import human_size
 
 
@@ -66,19 +66,12 @@ def list_models(
                  ", ".join(spec.aliases)] for spec in cat.models.values()]
         console.print_table(["NAME", "QUANTS", "PARAMS", "KIND", "ALIASES"], rows)
         return
-    rows = [[_shown_name(store, m.name), m.quant, human_size(m.size), str(m.path)]
+    rows = [[hub.stored_name(store, m.name), m.quant, human_size(m.size), str(m.path)]
             for m in store.installed()]
     if not rows:
         console.note("no models on disk yet; `localinfer pull NAME` or `localinfer list --catalogue`")
         return
     console.print_table(["NAME", "QUANT", "SIZE", "PATH"], rows)
-
-
-def _shown_name(store, name: str) -> str:
-    """A store folder's name as a user types it: `hf:OWNER/REPO` for a model from the Hub."""
-    from localinfer.models import hub
-    repo = hub.stored_repo(store, name)
-    return f"hf:{repo}" if repo else name
 
 
 def rm(model: str = typer.Argument(..., metavar="MODEL", show_default=False,

@@ -299,6 +299,12 @@ def remove_listing(store: Store, name: str) -> list[Path]:
     return [path]
 
 
+def stored_name(store: Store, name: str) -> str:
+    """A store folder's name as a user types it: `hf:OWNER/REPO` for a model from the Hub."""
+    repo = stored_repo(store, name)
+    return f"hf:{repo}" if repo else name
+
+
 def stored_repo(store: Store, name: str) -> str | None:
     """OWNER/REPO of a store folder made for an `hf:` model, from its listing; None otherwise."""
     if not name.startswith("hf--"):

@@ -86,13 +86,14 @@ class Models:
         """(name, file) of every model that can be served without a download: the models loaded,
         by the name each answers with, then every model on disk as NAME:QUANT (/api/tags).
         Blocking: reads the store."""
-        from localinfer.models import refs
+        from localinfer.models import hub, refs
         shown = {m.names[0]: m.path for m in self._models()}
         loaded = {path.resolve() for path in shown.values() if path is not None}
         store = refs.model_store()
         for stored in store.installed():
             if stored.path.resolve() not in loaded:
-                shown.setdefault(f"{stored_name(store, stored.name)}:{stored.quant}", stored.path)
+                name = f"{hub.stored_name(store, stored.name)}:{stored.quant}"
+                shown.setdefault(name, stored.path)
         return list(shown.items())
 
     def _models(self) -> list[ServedModel]:
@@ -136,13 +137,6 @@ class Models:
             raise BadRequest(str(e), "model", status=404, code="model_not_found") from None
         except LocalinferError as e:
             raise BadRequest(str(e), status=500, code="model_load_failed") from None
-
-
-def stored_name(store, name: str) -> str:
-    """A store folder's name as a user types it: `hf:OWNER/REPO` for a model from the Hub."""
-    from localinfer.models import hub
-    repo = hub.stored_repo(store, name)
-    return f"hf:{repo}" if repo else name
 
 
 async def open_view(served, body: dict, *, name_key: str = "model", tag: str = ""):

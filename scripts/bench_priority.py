@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """An interactive request's time to first token while a batch of requests runs, against idle.
 
-    python scripts/bench_priority.py smollm2 [--batch 32] [--tries 5] [--parallel 4]
+    python scripts/bench_priority.py smollm2 [--batch 32] [--tries 5] [--parallel 4] [--same]
 
 `localinfer serve MODEL --parallel P` is sent `--batch` completions with `priority: "batch"`
 (64 tokens each, all at once, from threads); while they run, `--tries` interactive streamed chat
-requests one after another, each timed from sending to its first content chunk. The same
-interactive requests are timed on the idle server first. Reported: the median TTFT idle and under
+requests one after another, each timed from sending to its first content chunk. Interactive
+requests like them (a new short question each, as a chat's next turn) are timed on the idle
+server first. With --same every try asks the same question: its whole prompt is then in a slot's
+kept cells, so its first token is one decode step, and one batch step under way is all it waits. Reported: the median TTFT idle and under
 the batch, and their ratio (target: within 2x), and how many batch requests were still running
 when the last interactive one was answered (it must be under way, or it proves nothing).
 """
@@ -32,10 +34,16 @@ def post(url: str, body: dict):
     return urllib.request.urlopen(request, timeout=900)
 
 
-def first_token_s(base: str, model: str) -> float:
+QUESTIONS = ["Name a colour.", "Name a fruit.", "Name a river.", "Name a tree.",
+             "Name a planet.", "Name a metal.", "Name a bird.", "Name a city.", "Name a game.",
+             "Name a flower.", "Name a tool.", "Name a sport.", "Name a fish.", "Name a stone.",
+             "Name a dance.", "Name a cloud.", "Name a spice.", "Name a shape."]
+
+
+def first_token_s(base: str, model: str, question: str) -> float:
     """Seconds from sending a streamed chat request to its first content chunk."""
     body = {"model": model, "stream": True, "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "user", "content": "Name a colour."}]}
+            "messages": [{"role": "user", "content": question}]}
     start = time.perf_counter()
     with post(base + "/v1/chat/completions", body) as reply:
         for line in reply:
@@ -53,7 +61,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="batch requests (32)")
     parser.add_argument("--tries", type=int, default=5, help="interactive requests timed (5)")
     parser.add_argument("--parallel", type=int, default=4, help="serve --parallel (4)")
+    parser.add_argument("--same", dest="new", action="store_false",
+                        help="ask every try the same question (its prompt is then in the "
+                             "slot's kept cells: one token to evaluate)")
     args = parser.parse_args()
+    if 1 + 2 * args.tries > len(QUESTIONS):
+        parser.error(f"--tries is at most {(len(QUESTIONS) - 1) // 2}")
     common.locate(args.model)
     port = common.free_port()
     base = f"http://127.0.0.1:{port}"
@@ -63,8 +76,9 @@ def main() -> int:
                                 "--no-cache"], port, "localinfer serve")
     try:
         model = json.load(urllib.request.urlopen(base + "/v1/models"))["data"][0]["id"]
-        first_token_s(base, model)                                  # warm-up
-        idle = [first_token_s(base, model) for _ in range(args.tries)]
+        asked = iter(QUESTIONS if args.new else ["Name a colour."] * len(QUESTIONS))
+        first_token_s(base, model, next(asked))                     # warm-up
+        idle = [first_token_s(base, model, next(asked)) for _ in range(args.tries)]
         done = []
 
         def batch_request(i: int) -> None:
@@ -77,7 +91,7 @@ def main() -> int:
         for t in threads:
             t.start()
         time.sleep(1.0)                     # the batch is admitted and decoding
-        busy = [first_token_s(base, model) for _ in range(args.tries)]
+        busy = [first_token_s(base, model, next(asked)) for _ in range(args.tries)]
         left = args.batch - len(done)
         for t in threads:
             t.join()

@@ -64,6 +64,7 @@ class Occupancy:
 
     running: int = 0          # requests being decoded
     cells_used: int = 0       # KV cells holding tokens: the prefix's, running and kept slots'
+    interactive: int = 0      # of the running requests, those not marked batch
 
 
 class _SeqView:
@@ -262,7 +263,8 @@ class Scheduler:
     def _publish(self, running: dict) -> None:
         own = sum(r.pos - r.from_prefix for r in running.values())
         kept = sum(len(t) - n for t, n in self._kept.values())
-        self.occupancy = Occupancy(len(running), len(self.prefix) + own + kept)
+        self.occupancy = Occupancy(len(running), len(self.prefix) + own + kept,
+                                   sum(not r.job.batch for r in running.values()))
 
     def _refused(self, job: Job) -> bool:
         if not job.prompt:
@@ -279,9 +281,11 @@ class Scheduler:
         return self.seq_ctx - (len(self.prefix) - _common(prompt, self.prefix, len(self.prefix)))
 
     def _slot_for(self, prompt: list[int], free: list[int]) -> int:
-        """The free slot whose kept cells share the most with the prompt (else the last freed)."""
-        return max(reversed(free), key=lambda s: _common(prompt, self._kept.get(s, ((), 0))[0],
-                                                         len(prompt) - 1))
+        """The free slot whose kept cells share the most with the prompt, else the one freed
+        longest ago: the most recently freed slots hold what is likeliest asked again (a
+        conversation's next turn), which a request sharing nothing with them should not evict."""
+        return max(free, key=lambda s: _common(prompt, self._kept.get(s, ((), 0))[0],
+                                               len(prompt) - 1))
 
     def _start(self, job: Job, seq: int) -> _Running:
         most = len(job.prompt) - 1

@@ -77,7 +77,7 @@ async def _messages(served, request: Request):
     except BadRequest as e:
         return _refused(e)
     try:
-        prepared = await asyncio.to_thread(_prepare, body, seen)
+        prepared = await hosting.off_loop(seen, _prepare, body, seen)
     except BadRequest as e:
         seen.release()
         return _refused(e)

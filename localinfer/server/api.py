@@ -139,8 +139,8 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     except BadRequest as e:
         return e.response()
     try:
-        prepared = await asyncio.to_thread(prepare, body, seen.session, seen.names,
-                                           seen.request_ctx, chat=chat, defaults=seen.defaults)
+        prepared = await hosting.off_loop(seen, prepare, body, seen.session, seen.names,
+                                          seen.request_ctx, chat=chat, defaults=seen.defaults)
     except BadRequest as e:
         seen.release()
         return e.response()

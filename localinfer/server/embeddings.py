@@ -74,7 +74,7 @@ async def _leased(served, request: Request, handle, refuse, tag: str = ""):
     try:
         raw = await read_body(request, seconds=served.body_seconds)
         body = await asyncio.to_thread(parse, raw)
-        seen = await hosting.open_view(served, body, tag=tag)
+        seen = await hosting.open_view(served, body, tag=tag, job=False)
     except BadRequest as e:
         return refuse(e)
     if (entry := access.record(request.scope)) is not None:

@@ -9,16 +9,21 @@ pulled, is a 404. The models named on the command line are loaded at start and, 
 says otherwise, stay loaded.
 
 Each request works on a view of the server (`open_view`) whose model fields are its leased
-model's; the view's `release` gives the lease back, once, when the answer is done.
+model's; the view's `release` gives the lease back, once, when the answer is done. An interactive
+request's view tells the model's worker it is coming (`arrived` once submitted); a batch request's
+view prepares it in a thread of its own (`off_loop`), so that a flood of batch requests never
+queues ahead of an interactive one in the loop's default threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import math
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from localinfer.errors import LocalinferError, ModelNotFound
@@ -28,6 +33,7 @@ from localinfer.server.pool import Lease, Pool
 from localinfer.server.pool_state import Busy, Status, TooLarge
 
 KNOWN_NAMES = 1024      # names resolved to keys that are remembered (a client may send any)
+_BATCH_THREAD = ThreadPoolExecutor(1, thread_name_prefix="localinfer-batch-prepare")
 
 
 class Models:
@@ -139,28 +145,53 @@ class Models:
             raise BadRequest(str(e), status=500, code="model_load_failed") from None
 
 
-async def open_view(served, body: dict, *, name_key: str = "model", tag: str = ""):
+async def open_view(served, body: dict, *, name_key: str = "model", tag: str = "",
+                    job: bool = True):
     """The server as the request in `body` sees it, its model leased (errors as BadRequest).
     `tag`: a suffix a name may carry that names nothing (Ollama's `:latest`). The request's
     `keep_alive` (Ollama's field; an extra one in the OpenAI and Anthropic APIs) is the model's
-    from now on."""
+    from now on. `job`: the request is answered by the model's worker (not an embedding or a
+    description)."""
     from localinfer.server.ollama_options import check_keep_alive
     name = body.get(name_key)
     keep_alive = check_keep_alive(body.get("keep_alive"))
     bare = name.removesuffix(tag) if tag and isinstance(name, str) else name
     lease = await served.models.lease(bare or name, keep_alive)
-    return view(served, lease, name)
+    batch = _asks_batch(body)
+    return view(served, lease, name, batch=batch, coming=job and not batch)
 
 
-def view(served, lease: Lease[ServedModel], asked: str):
+def view(served, lease: Lease[ServedModel], asked: str, *, batch: bool = False,
+         coming: bool = False):
     """The server as one request sees it: the leased model's fields, the server's own shared
     (its metrics, its answers under way); `release()` gives the lease back. The name the
-    request used is among `names` (names[0] stays the one the model answers with)."""
+    request used is among `names` (names[0] stays the one the model answers with). A job
+    `coming` is expected by the worker until `arrived()`."""
     model = lease.model
     seen = copy.copy(served)
     seen.worker, seen.session = model.worker, model.session
     seen.names = tuple(dict.fromkeys([model.names[0], asked, *model.names[1:]]))
     seen.request_ctx, seen.model_path, seen.need = model.n_ctx, model.path, model.need
-    seen.embeddings, seen.release = model.embeddings, lease.release
+    seen.arrived = model.worker.expect() if coming else (lambda: None)
+    seen.executor = _BATCH_THREAD if batch else None
+
+    def release() -> None:
+        seen.arrived()
+        lease.release()
+    seen.embeddings, seen.release = model.embeddings, release
     return seen
+
+
+async def off_loop(seen, fn, *args, **kwargs):
+    """fn(*args, **kwargs) in a thread: the view's own for a batch request, else the loop's."""
+    call = functools.partial(fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(seen.executor, call)
+
+
+def _asks_batch(body: dict) -> bool:
+    """The request says priority "batch" (in the body, or Ollama's options); its value is
+    checked where the job is made (requests.prepare)."""
+    options = body.get("options")
+    said = body.get("priority", options.get("priority") if isinstance(options, dict) else None)
+    return said == "batch"
 

@@ -52,7 +52,9 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
     def done(finished: Job) -> None:    # in the scheduler's thread: counted before the reply
         served.metrics.generation(model, finished, time.perf_counter() - submitted)
         _hand_over(loop, events, None)
-    if not served.worker.submit(job, done):
+    submitted_now = served.worker.submit(job, done)
+    served.arrived()                    # the worker no longer holds a step for it
+    if not submitted_now:
         release()
         return fail("too many requests are waiting; try again shortly", 429,
                     headers={"Retry-After": "1"})

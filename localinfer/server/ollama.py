@@ -75,7 +75,7 @@ async def _answer(served, request: Request, *, chat: bool):
     except BadRequest as e:
         return e.response(ollama_error)
     try:
-        name, prepared = await asyncio.to_thread(_prepare, body, seen, chat)
+        name, prepared = await hosting.off_loop(seen, _prepare, body, seen, chat)
     except BadRequest as e:
         seen.release()
         return e.response(ollama_error)

@@ -2,12 +2,18 @@
 
 A request that fails ends alone (the scheduler records its error and goes on); `error` is set only
 when the scheduler itself stops, i.e. the model can no longer run at all.
+
+An interactive request announces itself (`expect`) as soon as its model is leased: while its prompt
+is being prepared, a step that would decode batch jobs alone waits for it (HOLD_SECONDS at most).
+On a machine whose cores the decode keeps busy, the handler's template and tokenizer work would
+otherwise share them with batch steps, and its first token come later by that much.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,6 +21,8 @@ from localinfer.backends import BatchSession
 from localinfer.engine.scheduler import Job, Occupancy, Scheduler
 
 _STOP = object()
+HOLD_SECONDS = 0.25     # the longest a batch step waits for an expected interactive request
+_POLL_SECONDS = 0.005   # how often a waiting step looks again (the request may have failed)
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,8 @@ class Worker:
         self._queue: queue.Queue = queue.Queue()
         self._callbacks: dict[int, tuple[Job, Callable[[Job], None]]] = {}
         self._stopping = False
+        self._expected = 0          # interactive requests leased, not yet submitted
+        self._expected_until = 0.0  # the newest one's hold ends then (monotonic seconds)
         self._lock = threading.Lock()
         self.error: BaseException | None = None
         self._scheduler: Scheduler | None = None
@@ -55,6 +65,21 @@ class Worker:
             self._callbacks[id(job)] = job, on_done
         self._queue.put(job)
         return True
+
+    def expect(self) -> Callable[[], None]:
+        """An interactive request is being prepared for this model; call what this returns once
+        it is submitted or has failed (later calls do nothing)."""
+        with self._lock:
+            self._expected += 1
+            self._expected_until = time.monotonic() + HOLD_SECONDS
+        said = []
+
+        def arrived() -> None:
+            if not said:
+                said.append(True)
+                with self._lock:
+                    self._expected -= 1
+        return arrived
 
     def load(self) -> Load:
         """What it holds now, from any thread: the jobs not done that have no sequence wait."""
@@ -93,12 +118,25 @@ class Worker:
             return None
         came, block = [], idle
         while True:
+            wait = None if block or came else self._hold()
             try:
-                item = self._queue.get(block=block)
+                item = self._queue.get(block=block or wait is not None, timeout=wait)
             except queue.Empty:
+                if wait is not None:
+                    continue            # still expected: look again
                 return came
             if item is _STOP:
                 self._stopping = True
                 return came or None
             came.append(item)
             block = False
+
+    def _hold(self) -> float | None:
+        """How long to wait for an expected interactive request before the next step (None: not
+        at all): only while no interactive job runs, whose tokens a wait would delay, and for
+        HOLD_SECONDS after the newest was leased at most."""
+        held = self._scheduler.occupancy if self._scheduler else Occupancy()
+        left = self._expected_until - time.monotonic()
+        if self._expected <= 0 or held.interactive or left <= 0:
+            return None
+        return min(left, _POLL_SECONDS)

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, OUTPUT, backend_option, cpu_moe_option, ctx_option,
+from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option, ctx_option,
                                     engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 def map_lines(
+    command: typer.Context,
     model: str = model_argument(),
     template: str = typer.Argument(..., metavar="TEMPLATE", show_default=False,
                                    help="The prompt for each line; {} is the line."),
@@ -74,6 +75,10 @@ def map_lines(
     gpu_layers: str = gpu_layers_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", rich_help_panel=BACKEND,
+                                         help="Send the lines to a running `localinfer serve` "
+                                         "at URL as batch requests (its interactive ones go "
+                                         "first) instead of loading MODEL here."),
 ) -> None:
     """Answer one prompt per line of stdin; the answers on stdout, one per line, in input order
     (a thinking model's trace: never stdout).
@@ -81,6 +86,7 @@ def map_lines(
     \b
     seq 1 20 | localinfer map smollm2 "Is {} a prime number? Answer yes or no." --temp 0
     cat titles.txt | localinfer map smollm2 "Translate to French: {}" --jsonl
+    cat titles.txt | localinfer map smollm2 "Summarise: {}" --server http://127.0.0.1:8080
     """
     from localinfer.cli.thinking import show_by_default
     from localinfer.engine.decode import Limits
@@ -92,8 +98,17 @@ def map_lines(
                             repeat_penalty=repeat_penalty, seed=seed)   # checked before loading
     output = from_options(json_schema, grammar)
     thinking = think_settings(think, no_think, think_budget)
+    remote = _remote(command, server, model, template, params, max_tokens, stop, system=system,
+                     raw=raw, json_schema=json_schema, think=thinking)
     feed = _input_lines(ahead=2 * parallel)
     feed.peek()                 # a first line that is not text is refused before the model loads
+    show_trace = show_by_default(show_thinking) and not as_jsonl
+    if remote is not None:
+        from localinfer.cli import map_remote
+        printer = _InOrder(as_jsonl, show_trace)
+        map_remote.answer_lines(remote, feed, parallel, printer)
+        _ended(printer, feed, max_tokens)
+        return
     from localinfer.pipeline import load
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                               gpu_layers=gpu_layers, offline=offline,
@@ -105,10 +120,14 @@ def map_lines(
                                               system=system, raw=raw,
                                               gbnf=output.gbnf if output else None,
                                               think=thinking),
-                          jsonl=as_jsonl, use_cache=not no_cache,
-                          show_trace=show_by_default(show_thinking) and not as_jsonl)
+                          jsonl=as_jsonl, use_cache=not no_cache, show_trace=show_trace)
     finally:
         batch.close()
+    _ended(printer, feed, max_tokens)
+
+
+def _ended(printer: _InOrder, feed: _Feed, max_tokens: int) -> None:
+    """What the run says once every line is printed, and how it exits."""
     if printer.closed:
         console.note(f"{printer.closed} of {counted(printer.count, 'answer')} closed their "
                      f"document early to fit -n {max_tokens} (or the context); a larger -n or "
@@ -119,6 +138,22 @@ def map_lines(
         raise feed.error
     if printer.failed:
         raise typer.Exit(EXIT_RUNTIME)
+
+
+def _remote(command: typer.Context, server: str | None, model: str, template: str, params,
+            max_tokens: int, stop: list[str], *, system: str | None, raw: bool,
+            json_schema: str | None, think):
+    """map's request to a server (--server), its options checked; None without --server."""
+    if server is None:
+        return None
+    from localinfer.cli import map_remote
+    from localinfer.engine.structured import read_schema
+    map_remote.refuse_local_options(command)
+    if raw and system is not None:
+        raise UsageError("--system has no place in a --raw prompt sent to a server")
+    return map_remote.Remote(map_remote.server_base(server), model, template, system, raw,
+                             params, max_tokens, tuple(stop),
+                             read_schema(json_schema)[0] if json_schema else None, think)
 
 
 def _input_lines(ahead: int) -> _Feed:

@@ -38,12 +38,18 @@ def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat |
     if json_schema is not None and grammar is not None:
         raise UsageError("--json-schema and --grammar cannot be used together")
     if json_schema is not None:
-        text, where = _schema_text(json_schema)
-        return from_schema(_parse_json(text, where), where)
+        return from_schema(*read_schema(json_schema))
     if grammar is not None:
         where = f"--grammar {grammar}"
         return from_grammar(_read(Path(grammar), where, MAX_GRAMMAR_BYTES), where)
     return None
+
+
+def read_schema(json_schema: str) -> tuple[Any, str]:
+    """--json-schema's JSON (a file's, or inline), parsed, and where it came from as an error
+    names it; from_schema checks it."""
+    text, where = _schema_text(json_schema)
+    return _parse_json(text, where), where
 
 
 def from_grammar(gbnf: str, where: str) -> OutputFormat:

@@ -1,6 +1,7 @@
 """One log line per request (`serve -v`): method, path, status, model, tokens and seconds (and
-`closed_early=N` where a constrained answer's last N tokens were narrowed to close it in time);
-and, logged or not, the request counted by path and status for /metrics.
+`closed_early=N` where a constrained answer's last N tokens were narrowed to close it in time, and
+`priority=batch` for a batch request); and, logged or not, the request counted by path and status
+for /metrics.
 
 The line is written when the response is over (a stream's too), so it can say what the request
 cost. Handlers fill in what only they know (the model answered, the job) through the record this
@@ -69,5 +70,7 @@ def line(scope, status: int, entry: Record, seconds: float) -> str:
                   f"finish={finish}"]
         if stats.closed_at >= 0 and not job.error:     # its last N tokens closed the document
             parts.append(f"closed_early={stats.closed_tokens}")
+        if job.batch:
+            parts.append("priority=batch")
     parts.append(f"{seconds:.2f}s")
     return " ".join(parts)

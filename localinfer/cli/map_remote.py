@@ -1,0 +1,205 @@
+"""`map --server URL`: map's lines sent to a running `localinfer serve` as batch requests.
+
+Each line is one request in OpenAI's API (a chat completion, or a completion with --raw) with
+`priority: "batch"`, so the server answers its interactive requests first; `--parallel` requests
+are under way at once. The answers print as map prints its own: in input order, plain or --jsonl,
+a failed line as its own line on stderr. What only a model loaded here uses (--quant, --ctx,
+--threads, ...) is refused: the server's own settings apply.
+
+A line's own refusal (a 400: its chat template, its length) fails that line. Anything that would
+fail every line the same way (no server, a wrong key, an unknown model, a model that cannot load)
+ends the run in one line. A full queue (429, other clients) is waited out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from localinfer.errors import LocalinferError, UsageError
+
+KEY_ENV = "LOCALINFER_API_KEY"
+ANSWER_TIMEOUT_S = 3600.0   # a request answers once whole: its generation and its wait in line
+BUSY_RETRIES = 600          # 429s waited out for one line (Retry-After, 1 s by default)
+# map's options that only a model loaded here uses (their parameter names)
+LOCAL_ONLY = ("quant", "memory_", "kv_type", "ctx", "no_cache", "backend", "threads",
+              "gpu_layers", "cpu_moe", "offline", "grammar")
+FATAL = (401, 403, 404, 405)    # every line would get the same
+
+
+def refuse_local_options(ctx) -> None:
+    """One line naming the options given (on the command line, not by config.toml) that
+    --server cannot honour. `ctx`: the command's context (Typer's own click, so its sources
+    are compared by name)."""
+    given = [p.opts[0] for p in ctx.command.params if p.name in LOCAL_ONLY and
+             getattr(ctx.get_parameter_source(p.name), "name", "") in ("COMMANDLINE",
+                                                                       "ENVIRONMENT")]
+    if given:
+        raise UsageError(f"{', '.join(given)} set how a model is loaded here; with --server "
+                         f"the server's own settings apply (--grammar: use --json-schema)")
+
+
+def server_base(url: str) -> str:
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")) or len(base) > 2000:
+        raise UsageError(f"--server must be an http:// or https:// address, not {url[:100]!r}")
+    return base
+
+
+@dataclass(frozen=True)
+class Remote:
+    """How a line becomes its request, and its reply the line's answer."""
+
+    base: str
+    model: str
+    template: str
+    system: str | None
+    raw: bool
+    params: object              # SamplingParams, checked already
+    max_tokens: int
+    stop: tuple[str, ...]
+    schema: dict | None         # --json-schema's, as response_format takes it
+    think: object               # thinking.style.Think
+
+    def request(self, line: str, index: int) -> tuple[str, dict]:
+        """The path and body a line is sent as."""
+        from localinfer.cli.batch import PLACEHOLDER
+        p = self.params
+        text = self.template.replace(PLACEHOLDER, line)
+        body: dict = {"model": self.model, "max_tokens": self.max_tokens, "priority": "batch",
+                      "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                      "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}
+        if p.seed not in (None, -1):
+            body["seed"] = p.seed + index           # as map's own lines count up from it
+        if self.stop:
+            body["stop"] = list(self.stop)
+        if self.raw:
+            return "/v1/completions", body | {"prompt": text}
+        said = [{"role": "system", "content": self.system}] if self.system is not None else []
+        body["messages"] = said + [{"role": "user", "content": text}]
+        if self.schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "schema": self.schema}}
+        think, budget = self.think.think, self.think.budget
+        if think in ("on", "off"):
+            body["chat_template_kwargs"] = {"enable_thinking": think == "on"}
+        elif think is not None:
+            body["reasoning_effort"] = think
+        if budget is not None:
+            body["thinking_budget"] = budget
+        return "/v1/chat/completions", body
+
+    def answer(self, line: str, index: int):
+        """The line's answer as a finished Job (its error set where the server refused it), and
+        a thinking model's trace (None: none came)."""
+        from localinfer.engine.scheduler import Job
+        job = Job([], None, None, index=index)
+        path, body = self.request(line, index)
+        reply = _post(self.base, path, body)
+        if "error" in reply:
+            job.error = reply["error"]
+            return job, None
+        choice = reply["choices"][0]
+        said = choice.get("message") or {}
+        job.text = (choice.get("text") if self.raw else said.get("content")) or ""
+        trace = said.get("reasoning_content")
+        job.stats.finish_reason = choice.get("finish_reason") or ""
+        job.stats.generated_tokens = (reply.get("usage") or {}).get("completion_tokens", 0)
+        if choice.get("closed_early"):
+            job.stats.closed_at = job.stats.generated_tokens - choice.get("closed_tokens", 0)
+        if trace and not job.text:
+            from localinfer.thinking.setup import no_answer
+            job.error = no_answer(True, job.stats.finish_reason, self.max_tokens, 0)
+        return job, trace
+
+
+def answer_lines(remote: Remote, feed, parallel: int, printer) -> None:
+    """The lines through the server, `parallel` at a time, each printed once those before it
+    are; at most `feed.ahead` read and not printed yet."""
+    from localinfer.cli import console
+    created = 0
+    pending: dict[Future, int] = {}
+    with ThreadPoolExecutor(parallel, thread_name_prefix="map-request") as pool, \
+            console.progress_bar("answering") as progress:
+        try:
+            while True:
+                while len(pending) < parallel and created - printer.next < feed.ahead:
+                    line = feed.take(block=not pending)
+                    if line is None:
+                        break
+                    printer.read(created, line)
+                    pending[pool.submit(remote.answer, line, created)] = created
+                    created += 1
+                if not pending:
+                    return
+                done, _ = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+                for future in done:
+                    del pending[future]
+                    job, trace = future.result()    # a fatal failure is raised here
+                    printer.trace(job.index, trace)
+                    printer.finished(job)
+                    if progress:
+                        progress(printer.count, created, "")
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _post(base: str, path: str, body: dict) -> dict:
+    """The server's JSON reply; {"error": ...} for a refusal of this line alone; anything that
+    would fail every line raised as one LocalinferError."""
+    data = json.dumps(body).encode()
+    for _ in range(BUSY_RETRIES):
+        request = urllib.request.Request(base + path, data=data,
+                                         headers={"Content-Type": "application/json"})
+        if key := os.environ.get(KEY_ENV):
+            request.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(request, timeout=ANSWER_TIMEOUT_S) as reply:
+                answer = json.loads(reply.read())
+            if not isinstance(answer, dict) or not answer.get("choices"):
+                raise ValueError
+            return answer
+        except urllib.error.HTTPError as e:
+            said = _said(e)
+            if e.code == 429:
+                time.sleep(_retry_after(e))
+                continue
+            if e.code in FATAL or _load_failed(said):
+                raise LocalinferError(f"{base}{path}: {e.code} {said['message']}") from None
+            return {"error": said["message"]}
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise LocalinferError(f"no server answered at {base} ({reason}); is `localinfer "
+                                  "serve` running there?") from None
+        except ValueError:
+            raise LocalinferError(f"{base}{path} did not answer as OpenAI's API does: is it a "
+                                  "localinfer server?") from None
+    raise LocalinferError(f"{base} stayed busy (429) for {BUSY_RETRIES} tries")
+
+
+def _said(error: urllib.error.HTTPError) -> dict:
+    """The error object of an OpenAI-shaped reply ({"message", "code"})."""
+    try:
+        said = json.loads(error.read()).get("error")
+        if isinstance(said, dict):
+            return {"message": str(said.get("message"))[:500], "code": said.get("code")}
+    except (ValueError, AttributeError, OSError):
+        pass
+    return {"message": str(error.reason)[:500], "code": None}
+
+
+def _load_failed(said: dict) -> bool:
+    return said["code"] in ("model_load_failed", "model_too_large", "model_not_found")
+
+
+def _retry_after(error: urllib.error.HTTPError) -> float:
+    try:
+        return min(max(float(error.headers.get("Retry-After", 1)), 0.1), 30.0)
+    except ValueError:
+        return 1.0

@@ -176,3 +176,25 @@ def test_a_model_file_removed_while_loaded_serves_until_unloaded_then_is_a_404(s
     status, reply = _complete(server, str(copy))
     assert status == 404 and "no such model file" in reply["error"]["message"], reply
     assert _complete(server, SMOLLM)[0] == 200
+
+
+def test_the_openai_client_sends_keep_alive_and_priority_as_extra_body_fields(server):
+    """What an OpenAI app sends: the official client's `extra_body` (the API has no such fields)."""
+    import openai
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    kept = client.completions.create(model=GEMMA, prompt="The sky is", max_tokens=4,
+                                     temperature=0, extra_body={"keep_alive": -1,
+                                                                "priority": "batch"})
+    assert kept.choices[0].text
+    assert _loaded(server)[kept.model]["expires_at"].startswith("2318")    # -1: kept
+    chat = client.chat.completions.create(
+        model=SMOLLM, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+        extra_body={"priority": "batch"})
+    assert chat.choices[0].message.content
+    client.completions.create(model=kept.model, prompt="Hi", max_tokens=2,
+                              extra_body={"keep_alive": 0})
+    assert kept.model not in _loaded(server)                               # 0: unloaded
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=SMOLLM, prompt="Hi", max_tokens=2,
+                                  extra_body={"priority": "whenever"})
+    assert "priority" in str(refused.value)

@@ -721,6 +721,9 @@ def test_an_exception_no_check_foresaw_is_a_json_500_and_one_log_line():
     class Idle:
         error = None
 
+        def expect(self):
+            return lambda: None
+
     class OneModel:                     # the server's models: one, leased as the pool leases it
         model = SimpleNamespace(names=(MODEL,), worker=Idle(), session=Broken(), n_ctx=512,
                                 path=None, need=None, embeddings=None)

@@ -198,3 +198,25 @@ def test_the_openai_client_sends_keep_alive_and_priority_as_extra_body_fields(se
         client.completions.create(model=SMOLLM, prompt="Hi", max_tokens=2,
                                   extra_body={"priority": "whenever"})
     assert "priority" in str(refused.value)
+
+
+def test_show_describes_a_model_without_loading_it(server):
+    """Ollama's clients ask /api/show of every model they list: none of them is loaded for it."""
+    import ollama
+    client = ollama.Client(host=server)
+    before = set(_loaded(server))
+    shown = client.show(GEMMA)
+    assert set(_loaded(server)) == before                       # nothing loaded
+    assert shown.details.family == "gemma3" and shown.capabilities == ["completion"]
+    said_ctx = int(shown.parameters.split("num_ctx")[1].split()[0])
+    # the context it is described with is the one it gets when a request loads it
+    status, reply = _complete(server, GEMMA, keep_alive=-1)
+    assert status == 200
+    assert _loaded(server)[reply["model"]]["context_length"] == said_ctx
+    loaded = client.show(GEMMA)                                 # loaded: described as it runs
+    assert loaded.parameters == shown.parameters and loaded.template == shown.template
+    assert client.show(SMOLLM).capabilities == ["completion", "tools"]
+    _complete(server, reply["model"], keep_alive=0)
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.show("no-such-model")
+    assert missing.value.status_code == 404

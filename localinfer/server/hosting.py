@@ -24,11 +24,12 @@ import math
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from localinfer.errors import LocalinferError, ModelNotFound
 from localinfer.server.errors import BadRequest
-from localinfer.server.loading import Loader, ServedModel
+from localinfer.server.loading import Loader, ServedModel, names_of
 from localinfer.server.pool import Lease, Pool
 from localinfer.server.pool_state import Busy, Status, TooLarge
 
@@ -123,14 +124,7 @@ class Models:
     async def lease(self, name: object, keep_alive: float | None) -> Lease[ServedModel]:
         """The model a request names, loaded if need be; the errors each as the client's
         reply: an unknown name a 404, a full wait a 429, too large a 400, a failed load a 500."""
-        if not isinstance(name, str) or not name:
-            raise BadRequest("'model' is required and must be a string", "model")
-        try:
-            key = await asyncio.to_thread(self.key, name)
-        except LocalinferError as e:
-            loaded = ", ".join(m.names[0] for m in self._models()) or "none"
-            raise BadRequest(f"model '{name[:200]}' not found: {e}; loaded now: "
-                             f"{loaded}", "model", status=404, code="model_not_found") from None
+        key = await self._key_or_404(name)
         if keep_alive is None and key in self._kept:
             keep_alive = math.inf
         try:
@@ -143,6 +137,41 @@ class Models:
             raise BadRequest(str(e), "model", status=404, code="model_not_found") from None
         except LocalinferError as e:
             raise BadRequest(str(e), status=500, code="model_load_failed") from None
+
+    async def about(self, name: object) -> About:
+        """What a model is, loaded or not: a loaded one as it runs, another as it would be
+        fitted (its file and context), never loaded to say it (Ollama's /api/show)."""
+        key = await self._key_or_404(name)
+        model = self.loaded(key)
+        if model is not None:
+            return About(model.names, model.path, model.n_ctx, model.session)
+        try:
+            plan = await asyncio.to_thread(self.loader.plan, key)
+        except LocalinferError as e:        # its file went away, or it cannot fit
+            raise BadRequest(str(e), "model", status=404, code="model_not_found") from None
+        _, fitted = plan.detail
+        return About(names_of(key, fitted.ref), fitted.path, plan.n_ctx, None)
+
+    async def _key_or_404(self, name: object) -> str:
+        if not isinstance(name, str) or not name:
+            raise BadRequest("'model' is required and must be a string", "model")
+        try:
+            return await asyncio.to_thread(self.key, name)
+        except LocalinferError as e:
+            loaded = ", ".join(m.names[0] for m in self._models()) or "none"
+            raise BadRequest(f"model '{name[:200]}' not found: {e}; loaded now: "
+                             f"{loaded}", "model", status=404, code="model_not_found") from None
+
+
+@dataclass(frozen=True)
+class About:
+    """A model as /api/show describes it; `session` is None when it is not loaded (its chat
+    template is then read from its file)."""
+
+    names: tuple[str, ...]
+    path: Path | None
+    n_ctx: int
+    session: object | None
 
 
 async def open_view(served, body: dict, *, name_key: str = "model", tag: str = "",

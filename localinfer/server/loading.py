@@ -129,10 +129,10 @@ class Loader:
                                 threads=self.threads, engine_log=self.engine_log,
                                 backend=self.backend, log=self.log)
         return ServedModel(name, fitted.ref, batch, worker, fitted.path, plan.need,
-                           _names(name, fitted.ref), embeddings)
+                           names_of(name, fitted.ref), embeddings)
 
 
-def _names(name: str, ref: ModelRef) -> tuple[str, ...]:
+def names_of(name: str, ref: ModelRef) -> tuple[str, ...]:
     """What a request may call a loaded model: names[0] is the one listed and answered with."""
     spec = getattr(ref, "spec", None)
     aliases = [spec.name, *spec.aliases] if spec else []

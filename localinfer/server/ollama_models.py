@@ -3,7 +3,8 @@
 
 Tags lists every model the server can load without a download (server/hosting.py), ps the ones
 loaded now with their memory and keep-alive, each under the name it answers with (Ollama's `:latest`
-tag added where the name has no tag of its own); show loads the model it is asked about. The facts
+tag added where the name has no tag of its own); show describes a model without loading it (a
+loaded one as it runs; another with the context its fit would give it). The facts
 come from the GGUF header (gguf/), never from loading anything again: `details` (format gguf,
 family = general.architecture, parameter_size counted from the tensors, quantization_level from
 general.file_type), `model_info` (the header's entries: general.architecture,
@@ -26,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from localinfer.server import hosting, requests
+from localinfer.server import requests
 from localinfer.server.errors import BadRequest, ollama_error
 
 # The Ollama release whose API this server speaks (think levels, tool calls, format schemas):
@@ -85,19 +86,14 @@ def routes(served) -> list[Route]:
         try:
             raw = await requests.read_body(request, seconds=served.body_seconds)
             body = await asyncio.to_thread(requests.parse, raw)
-            key = "model" if "model" in body else "name"
-            seen = await hosting.open_view(served, body, name_key=key, tag=":latest")
-        except BadRequest as e:
-            return e.response(ollama_error)
-        try:
-            served_name(body, seen.names, key)
+            name = body.get("model" if "model" in body else "name")
             if not isinstance(body.get("verbose", False), bool):
                 raise BadRequest("'verbose' must be true or false")
-            return JSONResponse(_shown(seen, await files.facts(seen.model_path)))
+            bare = name.removesuffix(":latest") if isinstance(name, str) else name
+            about = await served.models.about(bare or name)
         except BadRequest as e:
             return e.response(ollama_error)
-        finally:
-            seen.release()
+        return JSONResponse(_shown(about, served.defaults, await files.facts(about.path)))
 
     async def version(request: Request):
         return JSONResponse({"version": VERSION})
@@ -173,37 +169,40 @@ def _quantization(file_type) -> str:
     return names.get(file_type, "unknown") if isinstance(file_type, int) else "unknown"
 
 
-def _shown(served, f: _File) -> dict:
+def _shown(about, defaults, f: _File) -> dict:
+    """/api/show's reply for a model (hosting.About), loaded or not."""
     template = f.metadata.get(TEMPLATE_KEY)
-    if not isinstance(template, str):
-        template = served.session.chat_template or ""
-    return {"modelfile": _modelfile(served, template), "parameters": _parameters(served),
-            "template": template, "details": _details(f),
+    if not isinstance(template, str):           # a template the engine supplies, if loaded
+        template = (about.session.chat_template if about.session is not None else None) or ""
+    parameters = _parameters(defaults, about.n_ctx)
+    return {"modelfile": _modelfile(about.path, defaults, template, parameters),
+            "parameters": parameters, "template": template, "details": _details(f),
             "model_info": _model_info(f.metadata),
-            "capabilities": _capabilities(served), "modified_at": f.modified_at}
+            "capabilities": _capabilities(about.session, template),
+            "modified_at": f.modified_at}
 
 
-def _parameters(served) -> str:
+def _parameters(defaults, n_ctx: int) -> str:
     """serve's sampling defaults, one `name value` a line, as Ollama lists a model's PARAMETERs."""
-    p = served.defaults.params
+    p = defaults.params
     pairs = [("temperature", p.temperature), ("top_k", p.top_k), ("top_p", p.top_p),
              ("min_p", p.min_p), ("repeat_penalty", p.repeat_penalty),
-             ("repeat_last_n", p.repeat_last_n), ("num_ctx", served.request_ctx)]
+             ("repeat_last_n", p.repeat_last_n), ("num_ctx", n_ctx)]
     if p.seed is not None:
         pairs.append(("seed", p.seed))
     return "\n".join(f"{name:<15}{value}" for name, value in pairs)
 
 
-def _modelfile(served, template: str) -> str:
+def _modelfile(path, defaults, template: str, parameters: str) -> str:
     """A Modelfile that says what this server runs: the file, serve's parameters and --system.
     The template is the model's Jinja chat template, quoted for reading, not for `ollama
     create` (which wants a Go template)."""
-    lines = ["# Modelfile of the model localinfer serves", f"FROM {served.model_path or ''}"]
+    lines = ["# Modelfile of the model localinfer serves", f"FROM {path or ''}"]
     if template:
         lines.append(f'TEMPLATE """{template}"""')
-    if served.defaults.system is not None:
-        lines.append(f'SYSTEM """{served.defaults.system}"""')
-    lines += [f"PARAMETER {line}" for line in _parameters(served).splitlines()]
+    if defaults.system is not None:
+        lines.append(f'SYSTEM """{defaults.system}"""')
+    lines += [f"PARAMETER {line}" for line in parameters.splitlines()]
     return "\n".join(lines) + "\n"
 
 
@@ -225,13 +224,19 @@ def _plain(value):
     return value
 
 
-def _capabilities(served) -> list[str]:
+def _capabilities(session, template: str) -> list[str]:
     """completion always; tools for a model with a chat template (its own call format, or the
-    generic one); thinking where the template writes a trace."""
+    generic one); thinking where the template writes a trace. A model not loaded is judged by
+    its template alone (a trace its vocabulary alone would show is not seen)."""
     from localinfer.engine.prompt import uses_chat_template
-    from localinfer.thinking import setup
-    session = served.session
+    from localinfer.thinking import setup, style
     found = ["completion"]
+    if session is None:
+        if template:
+            found.append("tools")
+            if style.detect(template, "", lambda text: False) is not None:
+                found.append("thinking")
+        return found
     if uses_chat_template(session, False):
         found.append("tools")
         if setup.style_of(session, [], raw=False) is not None:

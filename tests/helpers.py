@@ -95,15 +95,17 @@ def smollm_wearing(template: str, directory: Path, name: str) -> Path:
     return set_value(source, directory / f"{name}.gguf", "tokenizer.chat_template", template)
 
 
-def start_server(model: str, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`localinfer serve MODEL --offline ARGS` on a free port, once /health answers: the process
-    (stdout and stderr piped, for the test to read) and its base URL."""
+def start_server(model: str, *args: str, env: dict | None = None,
+                 offline: bool = True) -> tuple[subprocess.Popen, str]:
+    """`localinfer serve MODEL --offline ARGS` (offline=False: without --offline) on a free port,
+    once /health answers: the process (stdout and stderr piped, for the test to read) and its
+    base URL."""
     import time
     import urllib.error
     import urllib.request
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", model, "--offline",
-                             "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "serve", model,
+                             *(["--offline"] if offline else []), "--port", str(port), *args],
                             env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), **(env or {})},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

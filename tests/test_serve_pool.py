@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers import GEMMA, SMOLLM, run_cli, start_server
+from helpers import GEMMA, SMOLLM, error_line, run_cli, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -220,3 +220,26 @@ def test_show_describes_a_model_without_loading_it(server):
     with pytest.raises(ollama.ResponseError) as missing:
         client.show("no-such-model")
     assert missing.value.status_code == 404
+
+
+def test_pull_lets_a_request_fetch_a_catalogue_model_it_waits_for(tmp_path):
+    """serve --pull: a request for a catalogue model not on disk pulls it (through the same path
+    as `localinfer pull`, the log saying so) and is answered once it is loaded."""
+    home = tmp_path / "home"
+    assert run_cli("pull", SMOLLM, home=home).returncode == 0
+    proc, url = start_server(SMOLLM, "--pull", "-v", env={"LOCALINFER_HOME": str(home)},
+                             offline=False)
+    try:
+        status, reply = _complete(url, GEMMA)
+        assert status == 200 and reply["choices"][0]["text"], reply
+        assert (home / "data/models/gemma-3-270m").is_dir()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, log = proc.communicate(timeout=60)
+    assert "pulling gemma-3-270m" in log and "loaded gemma-3-270m" in log
+
+
+def test_pull_and_offline_together_are_refused(tmp_path):
+    result = run_cli("serve", SMOLLM, "--pull", "--offline", home=tmp_path / "home")
+    assert result.returncode == 2
+    assert "--pull and --offline say opposite things" in error_line(result)

@@ -119,6 +119,8 @@ def serve(
         raise UsageError(f"listening on {host} needs --api-key (or {KEY_ENV}): anyone who can "
                          "reach it could use the model")
     # refused before loading
+    if pull and offline:
+        raise UsageError("--pull and --offline say opposite things; give one")
     defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
                          think_settings(think, no_think, think_budget))
     from localinfer.units import parse_duration
@@ -126,7 +128,7 @@ def serve(
     from localinfer.server import listen
     sock = listen.bind(host, port)      # a port in use is one line now, not after the load
     try:
-        _serve(sock, models or [], idle=idle, pull=pull and not offline, host=host, port=port,
+        _serve(sock, models or [], idle=idle, pull=pull, host=host, port=port,
                parallel=parallel, queue=queue, key=key, cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, verbose=verbose,
                defaults=defaults,

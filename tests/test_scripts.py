@@ -110,7 +110,9 @@ CHEAPEST = {
     "bench_mlx.py": ("smollm2", "--cpu", "--rounds", "1", "-n", "8", "-r", "1"),
     "bench_onnx.py": ("smollm2", "--rounds", "1", "-p", "32", "-n", "8", "-r", "1"),
     "bench_onnx_genai.py": ("smollm2", "--rounds", "1", "-p", "32", "-n", "8", "-r", "1"),
+    "bench_pool.py": ("smollm2", "gemma-3-270m", "--turns", "2", "--ctx", "512"),
     "bench_prefill_kv.py": ("{SMOL}", "--lengths", "64"),
+    "bench_priority.py": ("smollm2", "--batch", "4", "--tries", "2", "--parallel", "2"),
     "bench_prompt_cache.py": ("--reps", "1", "--tokens", "300", "--prefix", "200"),
     "bench_quantize.py": ("{SMOL}", "--types", "Q4_0", "--rounds", "1", "--threads", "2"),
     "bench_serve.py": ("smollm2", "--streams", "1", "2", "--rounds", "1", "-n", "8"),
@@ -124,9 +126,11 @@ CHEAPEST = {
     "npu_check.py": ("smollm2", "--device", "cpu", "--no-bench", "--tokens", "16", "--gen", "4"),
     "onnx_quality.py": ("smollm2", "--tokens", "32", "--ctx", "64", "--chunks", "1"),
     "openvino_check.py": ("--tiny", "llama"),
+    "soak_serve.py": ("smollm2", "gemma-3-270m", "--requests", "16"),
 }
 # Exit codes that are a measured verdict, not a failure of the script: below the bar, a mismatch.
-VERDICTS = {"bench_mlx.py": {0, 1}, "gpu_check.py": {0, 1}, "openvino_check.py": {0, 1}}
+VERDICTS = {"bench_mlx.py": {0, 1}, "gpu_check.py": {0, 1}, "openvino_check.py": {0, 1},
+            "bench_pool.py": {0, 1}, "bench_priority.py": {0, 1}, "soak_serve.py": {0, 1}}
 RUN_BY = {"openvino_runner.py": "openvino_check.py"}   # a child a script runs in its own venv
 NEEDS = {"gpu_check.py": engine_has_gpu,
          "bench_mlx.py": lambda: importlib.util.find_spec("mlx") is not None}

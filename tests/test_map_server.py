@@ -25,6 +25,8 @@ def server(models_home):
 
 
 def test_the_answers_are_map_s_own_in_input_order(server):
+    """Greedy: the server's answers are map's. Each line parts from the others where `{}` is, so
+    the server's kept cells and map's shared prefix both end at the same token."""
     _, url = server
     lines = "".join(f"{n}\n" for n in range(1, 11))
     here = run_cli("map", SMOLLM, PROMPT, "--temp", "0", "-n", "12", input=lines)
@@ -33,6 +35,31 @@ def test_the_answers_are_map_s_own_in_input_order(server):
     assert here.returncode == 0 and there.returncode == 0, there.stderr
     assert there.stdout == here.stdout
     assert len(there.stdout.splitlines()) == 10
+
+
+def test_raw_lines_are_completions(server):
+    """--raw: each line is a /v1/completions request, as is. (Its text is not compared with a
+    local run: lines that part at their first token are batched from different cells and
+    neighbours here and there, which moves a near tie: docs/batching.md.)"""
+    proc, url = server
+    result = run_cli("map", SMOLLM, "The capital of {} is", "--raw", "--temp", "0", "-n", "6",
+                     "--server", url, input="France\nItaly\n")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2 and all(result.stdout.splitlines())
+    assert len(_logged(proc, "POST /v1/completions 200", 2)) == 2
+
+
+def _logged(proc, start: str, count: int) -> list[str]:
+    """The next `count` lines of serve -v's log for requests starting so, each a batch request
+    (the log is written when a request is over)."""
+    found = []
+    while len(found) < count:
+        line = proc.stderr.readline()
+        assert line, "the server's log ended"
+        if line.startswith(start) and "prompt=" in line:
+            assert "priority=batch" in line, line
+            found.append(line)
+    return found
 
 
 def test_jsonl_with_a_schema_and_each_request_marked_batch(server):
@@ -47,14 +74,7 @@ def test_jsonl_with_a_schema_and_each_request_marked_batch(server):
     for record in records:
         jsonschema.validate(json.loads(record["answer"]), SCHEMA)
         assert record["finish_reason"] == "stop"
-    # serve -v logs each request when it is over: four chat completions, each a batch request
-    logged = []
-    while len(logged) < len(fruits):
-        line = proc.stderr.readline()
-        assert line, "the server's log ended"
-        if "POST /v1/chat/completions 200" in line and "prompt=" in line:
-            logged.append(line)
-    assert all("priority=batch" in line for line in logged), logged
+    assert len(_logged(proc, "POST /v1/chat/completions 200", len(fruits))) == len(fruits)
 
 
 def test_a_line_the_server_refuses_fails_alone(server):

@@ -13,8 +13,8 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option, ctx_option,
-                                    engine_log, fit_options,
+from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option,
+                                    ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
                                     min_p_option, model_argument, no_think_option,

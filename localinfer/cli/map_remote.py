@@ -78,13 +78,13 @@ class Remote:
             body["seed"] = p.seed + index           # as map's own lines count up from it
         if self.stop:
             body["stop"] = list(self.stop)
+        if self.schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "schema": self.schema}}
         if self.raw:
             return "/v1/completions", body | {"prompt": text}
         said = [{"role": "system", "content": self.system}] if self.system is not None else []
         body["messages"] = said + [{"role": "user", "content": text}]
-        if self.schema is not None:
-            body["response_format"] = {"type": "json_schema",
-                                       "json_schema": {"name": "answer", "schema": self.schema}}
         think, budget = self.think.think, self.think.budget
         if think in ("on", "off"):
             body["chat_template_kwargs"] = {"enable_thinking": think == "on"}

@@ -138,6 +138,37 @@ def test_a_closing_token_leaves_one_token_less(smollm):
     assert lengths == list(range(lengths[0], 0, -1))
 
 
+def test_a_token_that_stops_inside_a_character_is_refused_near_the_limit(smollm):
+    """Near the limit, a byte token that begins a longer UTF-8 character is refused: the walk
+    cannot finish the character, so nothing after it would fit, and the next step had no token
+    left. (Seen on an AMD EPYC: SmolLM2 wearing Qwen 2.5 took b"\\xd0" inside a tool call's
+    string at max_tokens 38 and 39, and serve answered a 400.) The logits here favour that byte
+    at every step, as the model's did once."""
+    session = smollm.session
+    schema = {"type": "object", "required": ["a", "b"],
+              "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}
+    byte = next(t for t in range(session.n_vocab) if session.piece(t) == b"\xd0")
+    prefix = session.tokenize('{"a": "', special=False)
+    _, close_len = _closing(session, schema, '{"a": "')
+    grammar = closing.fit(session.grammar(from_schema(schema, "test").gbnf), session,
+                          len(prefix) + close_len + 2)
+    for token in prefix:
+        grammar.accept(token)
+    logits = np.zeros(session.n_vocab, dtype=np.float32)
+    logits[byte] = 50.0
+    out = b""
+    for _ in range(close_len + 2):
+        row = grammar.mask(logits.copy())
+        assert np.isfinite(row).any(), out            # never a step with no token
+        token = int(np.argmax(row))
+        if token == session.eos_token:
+            break
+        grammar.accept(token)
+        out += session.piece(token)
+    grammar.close()
+    _valid('{"a": "' + out.decode(), schema)
+
+
 # -- the failure, reproduced, and mended -----------------------------------------------------------
 @pytest.mark.parametrize("model, name, schema, prompt, loop", LOOPS, ids=["smollm2", "gemma3"])
 def test_a_looping_answer_is_closed_within_n(request, monkeypatch, model, name, schema, prompt,

@@ -64,6 +64,9 @@ class Speller:
                 self._session.piece(ids[0]) == text.encode() else None
         return known[text]
 
+    def piece(self, token: int) -> bytes:
+        return self._session.piece(token)
+
     def spell(self, text: str) -> list[int]:
         """`text` in tokens, the longest that fits first at each place."""
         out, at = [], 0
@@ -106,6 +109,7 @@ class Closing:
         self.window: int | None = None        # tokens before the closing where checks begin
         self.verdicts: dict[int, bool] = {}   # this state's: whether a token leaves room
         self.first: int | None = None         # this state's closing's first token, once known
+        self.open = b""               # the accepted text's last character, if not yet whole
 
     # -- Grammar ----------------------------------------------------------------------------
     def allows(self, ids: np.ndarray) -> np.ndarray:
@@ -141,6 +145,8 @@ class Closing:
         self.inner.accept(token)
         self.used += 1
         self.verdicts, self.first = {}, None
+        if token != self.end:
+            self.open = open_tail(self.open + self.spell.piece(token))
 
     def clone(self) -> Closing:
         twin = object.__new__(Closing)
@@ -204,6 +210,10 @@ class Closing:
         if token == self.end:
             return True
         verdict = self.verdicts.get(token)
+        if verdict is None and open_tail(self.open + self.spell.piece(token)):
+            # It stops inside a character (a byte token of a multi-byte one): the walk cannot
+            # finish that character, so no closing could be measured after it.
+            verdict = self.verdicts[token] = False
         if verdict is None:
             room = self.limit - self.used - 1
             trial = self.inner.clone()
@@ -221,6 +231,17 @@ class Closing:
 
     def _text(self, path: list[int]) -> str:
         return "".join(self.spell.char_of[t] for t in path)
+
+
+def open_tail(data: bytes) -> bytes:
+    """The bytes at the end of `data` that begin a UTF-8 character not yet whole (b"" if none)."""
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead & 0xC0 != 0x80:             # not a continuation byte: where a character starts
+            need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else \
+                4 if lead >> 3 == 0b11110 else 1
+            return data[-back:] if need > back else b""
+    return b""
 
 
 def walk(grammar: Grammar, probe: np.ndarray, most: int) -> list[int] | None:

@@ -77,7 +77,8 @@ def _long_prompts(loaded: LoadedModel) -> dict[str, tuple[list[int], Limits]]:
 EXHAUSTIVE = pytest.mark.exhaustive
 
 
-@pytest.mark.parametrize("model", ["smollm", "gemma", "smollm-Q8_0",
+@pytest.mark.parametrize("model", ["smollm", "gemma",
+                                   pytest.param("smollm-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("smollm-Q4_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q4_0", marks=EXHAUSTIVE)])
@@ -156,7 +157,8 @@ def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, long_
 
 # -- a long prompt: f16 K for the fast prefill, and then no inexact drafts -------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["smollm", "gemma", "smollm-Q8_0",
+@pytest.mark.parametrize("label", ["smollm", "gemma",
+                                   pytest.param("smollm-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("smollm-Q4_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q4_0", marks=EXHAUSTIVE)])

@@ -74,6 +74,7 @@ def test_a_copy_with_another_template_reuses_the_verdict(variants, tmp_path):
     assert len(json.loads(cache_file.read_text())["verdicts"]) == 2
 
 
+@pytest.mark.exhaustive          # ~50 s: two probes at two context sizes
 def test_a_shorter_context_s_verdict_is_not_reused_by_a_longer_one(variants, tmp_path):
     """A probe in a 64-token context compares at prefix 48 only: a 512-token context views more."""
     cache_file = tmp_path / "exact_batch.json"

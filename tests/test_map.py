@@ -40,7 +40,7 @@ def _prompts(session, gemma: bool) -> list[list[int]]:
     return [chat_tokens(session, messages_for(q, None)) for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("name", ["smollm", "gemma"])
+@pytest.mark.parametrize("name", ["smollm", pytest.param("gemma", marks=pytest.mark.exhaustive)])
 def test_batched_greedy_is_one_at_a_time_or_parts_at_a_near_tie(request, name):
     path: Path = request.getfixturevalue("smollm_path" if name == "smollm" else "gemma_path")
     alone = LlamaCppSession(path, LoadOptions(n_ctx=512))

@@ -82,7 +82,7 @@ def test_estimate_within_ten_percent_of_peak_rss(variants, peaks, label: str, qt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["smollm", "gemma"])
+@pytest.mark.parametrize("label", ["smollm", pytest.param("gemma", marks=pytest.mark.exhaustive)])
 def test_estimate_holds_on_first_runs_and_long_prompts(smollm_path, gemma_path, tmp_path,
                                                        label: str):
     """A model's first run probes speculation's exactness (a 320-token prefill, batches of up to

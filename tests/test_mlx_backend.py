@@ -124,6 +124,7 @@ def test_exact_against_a_float64_forward(smollm_path, exact_smollm):
     assert _kl(exact, ours).mean() < 1e-4                    # measured: < 1e-6
 
 
+@pytest.mark.exhaustive          # ~50 s of MLX on a CPU (test_exact_against_... stays)
 def test_greedy_on_the_chat_prompts_is_the_exact_models(smollm_path, exact_smollm):
     """SmolLM2's greedy output parts from llama.cpp's on every chat prompt of the tests, at a
     near-tie or where llama.cpp's logit is off by up to 1.0 (measured: tokens 1, 4, 29 and 4).
@@ -266,6 +267,8 @@ def test_a_bad_state_is_refused(pair):
     assert identity["backend"] == "mlx" and identity["dtype"] and identity["weights"]
 
 
+@pytest.mark.parametrize("pair", ["smollm", pytest.param("gemma", marks=pytest.mark.exhaustive)],
+                         indirect=True)
 def test_prompt_cache_gives_identical_greedy_output(pair, tmp_path):
     loaded = pair[0]
     session = loaded.session
@@ -282,6 +285,7 @@ def test_prompt_cache_gives_identical_greedy_output(pair, tmp_path):
     assert warm.last_event.hit and warm.last_event.restored >= GRAIN
 
 
+@pytest.mark.exhaustive          # 100-150 s per model of MLX on a CPU
 def test_prompt_lookup_speculation_is_identical_to_plain(pair):
     from localinfer.speculate import choose
     loaded = pair[0]

@@ -69,7 +69,8 @@ def _check_exact(request, name: str, n: int) -> None:
     assert top1 >= 0.99 and divergence.mean() < 1e-4         # measured: 100%, < 1e-10
 
 
-@pytest.mark.parametrize("name, n", [("smollm", 128), ("gemma", 64)])
+@pytest.mark.parametrize("name, n", [("smollm", 128),
+                                     pytest.param("gemma", 64, marks=pytest.mark.exhaustive)])
 def test_exact_against_a_float64_forward(request, name, n):
     _check_exact(request, name, n)
 
@@ -151,6 +152,8 @@ def test_run_with_backend_onnx(models_home, model, args):
     assert len(answer["text"].split()) >= 5
 
 
+@pytest.mark.parametrize("pair", ["smollm", pytest.param("gemma", marks=pytest.mark.exhaustive)],
+                         indirect=True)
 def test_eval_perplexity_is_llama_cpps_within_its_rounding_noise(pair):
     """The fast mode's perplexity against llama.cpp's, token by token, on four chunks of 512 as
     `eval` scores them (1,020 tokens): their log ratio is the mean of the per-token differences d

@@ -280,6 +280,7 @@ def test_ctx_0_sizes_the_pool_to_the_trained_context(whole_context):
     assert whole_context.models.list().data[0].model_extra["context_length"] == 8192
 
 
+@pytest.mark.exhaustive          # ~110 s at 1 thread; the 3,984-token prompt below stays
 def test_a_conversation_longer_than_4096_tokens_is_answered(whole_context):
     turn = "Tell me more about the long history of the old city by the river. " * 12
     messages = []

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from localinfer.cli import console, shell
+from localinfer.cli import console, map_remote, shell
 from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option,
                                     ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
@@ -26,7 +26,7 @@ from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, backend_option, cp
 from localinfer.errors import EXIT_RUNTIME, LocalinferError, UsageError
 from localinfer.units import counted
 
-PLACEHOLDER = "{}"
+PLACEHOLDER = map_remote.PLACEHOLDER
 
 
 def register(app: typer.Typer) -> None:
@@ -98,13 +98,12 @@ def map_lines(
                             repeat_penalty=repeat_penalty, seed=seed)   # checked before loading
     output = from_options(json_schema, grammar)
     thinking = think_settings(think, no_think, think_budget)
-    remote = _remote(command, server, model, template, params, max_tokens, stop, system=system,
-                     raw=raw, json_schema=json_schema, think=thinking)
+    remote = map_remote.remote(command, server, model, template, params, max_tokens, stop,
+                               system=system, raw=raw, json_schema=json_schema, think=thinking)
     feed = _input_lines(ahead=2 * parallel)
     feed.peek()                 # a first line that is not text is refused before the model loads
     show_trace = show_by_default(show_thinking) and not as_jsonl
     if remote is not None:
-        from localinfer.cli import map_remote
         printer = _InOrder(as_jsonl, show_trace)
         map_remote.answer_lines(remote, feed, parallel, printer)
         _ended(printer, feed, max_tokens)
@@ -138,22 +137,6 @@ def _ended(printer: _InOrder, feed: _Feed, max_tokens: int) -> None:
         raise feed.error
     if printer.failed:
         raise typer.Exit(EXIT_RUNTIME)
-
-
-def _remote(command: typer.Context, server: str | None, model: str, template: str, params,
-            max_tokens: int, stop: list[str], *, system: str | None, raw: bool,
-            json_schema: str | None, think):
-    """map's request to a server (--server), its options checked; None without --server."""
-    if server is None:
-        return None
-    from localinfer.cli import map_remote
-    from localinfer.engine.structured import read_schema
-    map_remote.refuse_local_options(command)
-    if raw and system is not None:
-        raise UsageError("--system has no place in a --raw prompt sent to a server")
-    return map_remote.Remote(map_remote.server_base(server), model, template, system, raw,
-                             params, max_tokens, tuple(stop),
-                             read_schema(json_schema)[0] if json_schema else None, think)
 
 
 def _input_lines(ahead: int) -> _Feed:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from localinfer.errors import LocalinferError, UsageError
 
+PLACEHOLDER = "{}"          # map's template: where the line goes
 KEY_ENV = "LOCALINFER_API_KEY"
 ANSWER_TIMEOUT_S = 3600.0   # a request answers once whole: its generation and its wait in line
 BUSY_RETRIES = 600          # 429s waited out for one line (Retry-After, 1 s by default)
@@ -30,6 +31,21 @@ BUSY_RETRIES = 600          # 429s waited out for one line (Retry-After, 1 s by 
 LOCAL_ONLY = ("quant", "memory_", "kv_type", "ctx", "no_cache", "backend", "threads",
               "gpu_layers", "cpu_moe", "offline", "grammar")
 FATAL = (401, 403, 404, 405)    # every line would get the same
+
+
+def remote(command, server: str | None, model: str, template: str, params, max_tokens: int,
+           stop: list[str], *, system: str | None, raw: bool, json_schema: str | None,
+           think) -> Remote | None:
+    """map's request to a server (--server), its options checked; None without --server.
+    `command`: map's context, to tell the options given from their defaults."""
+    if server is None:
+        return None
+    from localinfer.engine.structured import read_schema
+    refuse_local_options(command)
+    if raw and system is not None:
+        raise UsageError("--system has no place in a --raw prompt sent to a server")
+    return Remote(server_base(server), model, template, system, raw, params, max_tokens,
+                  tuple(stop), read_schema(json_schema)[0] if json_schema else None, think)
 
 
 def refuse_local_options(ctx) -> None:
@@ -68,7 +84,6 @@ class Remote:
 
     def request(self, line: str, index: int) -> tuple[str, dict]:
         """The path and body a line is sent as."""
-        from localinfer.cli.batch import PLACEHOLDER
         p = self.params
         text = self.template.replace(PLACEHOLDER, line)
         body: dict = {"model": self.model, "max_tokens": self.max_tokens, "priority": "batch",

@@ -728,16 +728,20 @@ def test_an_exception_no_check_foresaw_is_a_json_500_and_one_log_line():
         model = SimpleNamespace(names=(MODEL,), worker=Idle(), session=Broken(), n_ctx=512,
                                 path=None, need=None, embeddings=None)
 
+        released: list[bool] = []
+
         async def lease(self, name, keep_alive):
-            return SimpleNamespace(model=self.model, release=lambda: None)
+            return SimpleNamespace(model=self.model, release=lambda: self.released.append(True))
 
         def status(self):
             return []
     logged: list[str] = []
-    app = make_app(Served(OneModel(), port=1, log=logged.append, hosts=frozenset({"localhost"})))
+    models = OneModel()
+    app = make_app(Served(models, port=1, log=logged.append, hosts=frozenset({"localhost"})))
     status, kind, reply = _asgi_post(app, CHAT, chat_body())
     assert_openai_error(status, kind, reply, 500, 500)
     assert logged == [f"POST {CHAT}: internal error: RuntimeError: a bug of ours"]
+    assert models.released == [True]            # the model's lease is given back all the same
 
 
 def test_a_failed_job_is_a_400_when_its_grammar_failed_and_a_500_otherwise():

@@ -81,6 +81,9 @@ async def _messages(served, request: Request):
     except BadRequest as e:
         seen.release()
         return _refused(e)
+    except BaseException:               # a failure no check foresaw: the lease goes back too
+        seen.release()
+        raise
     reply = _Reply(seen.names[0], prepared, served.log)
     return await jobs.run(seen, request, prepared, reply, anthropic_error)
 

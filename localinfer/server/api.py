@@ -144,6 +144,9 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     except BadRequest as e:
         seen.release()
         return e.response()
+    except BaseException:               # a failure no check foresaw: the lease goes back too
+        seen.release()
+        raise
     reply = _Reply(seen.names[0], chat, prepared, served.log)
     return await run(seen, request, prepared, reply, error)
 

@@ -223,4 +223,3 @@ def _asks_batch(body: dict) -> bool:
     options = body.get("options")
     said = body.get("priority", options.get("priority") if isinstance(options, dict) else None)
     return said == "batch"
-

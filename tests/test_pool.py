@@ -236,6 +236,7 @@ def test_keep_alive_expiry_by_the_clock():
     pool.acquire("b", keep_alive=0).release()
     pool.acquire("c", keep_alive=math.inf).release()     # negative, parsed: never
     pool.acquire("d", keep_alive=60).release()
+    assert loaded(pool) == ["a", "c", "d"]            # b, run out, is not listed while it goes
     assert pool.expire() == ["b"]                     # 0: as soon as its last user is done
     clock.now += 60
     assert pool.expire() == ["d"]

@@ -347,10 +347,13 @@ class Pool(Generic[M]):
             return entry.model if entry is not None and entry.state == READY else None
 
     def status(self) -> list[Status]:
-        """The models loaded or loading, most recently used first (`ps`, /api/ps, /metrics)."""
+        """The models loaded or loading, most recently used first (`ps`, /api/ps, /metrics).
+        One whose keep-alive has run out is left out: the reaper is unloading it, and a client
+        that asked for the unload (keep_alive 0, `stop`) must not see it listed after."""
         with self._lock:
             now = self._clock()
-            shown = [e for e in self._models.values() if e.state in (LOADING, READY)]
+            shown = [e for e in self._models.values() if e.state in (LOADING, READY)
+                     and not (e.idle and e.expires_at is not None and e.expires_at <= now)]
             return [Status(e.name, "ready" if e.state == READY else "loading", e.plan.need,
                            e.plan.n_ctx, e.users, expires_in(e, now),
                            e.plan.processor or processor(e.plan.need))

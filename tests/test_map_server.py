@@ -114,6 +114,8 @@ def test_options_only_a_local_model_uses_are_refused(args, said, tmp_path):
 
 @pytest.mark.parametrize("url, said", [
     ("ftp://127.0.0.1", "--server must be an http:// or https:// address"),
+    ("http://", "--server must be an http:// or https:// address with a host"),
+    ("http://[::1", "--server must be an http:// or https:// address with a host"),
     ("http://127.0.0.1:9", "no server answered at http://127.0.0.1:9"),
 ])
 def test_a_server_that_is_not_there_is_one_line(url, said, tmp_path):

@@ -243,3 +243,10 @@ def test_pull_and_offline_together_are_refused(tmp_path):
     result = run_cli("serve", SMOLLM, "--pull", "--offline", home=tmp_path / "home")
     assert result.returncode == 2
     assert "--pull and --offline say opposite things" in error_line(result)
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:8080", "http://", "http://[::1"])
+def test_ps_refuses_an_address_it_cannot_call(url, tmp_path):
+    result = run_cli("ps", "--url", url, home=tmp_path / "home")
+    assert result.returncode == 2
+    assert "--url must be an http:// or https:// address with a host" in error_line(result)

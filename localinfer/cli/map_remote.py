@@ -21,16 +21,17 @@ import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from localinfer.cli.server_client import KEY_ENV, error_of, server_url
 from localinfer.errors import LocalinferError, UsageError
 
 PLACEHOLDER = "{}"          # map's template: where the line goes
-KEY_ENV = "LOCALINFER_API_KEY"
 ANSWER_TIMEOUT_S = 3600.0   # a request answers once whole: its generation and its wait in line
 BUSY_RETRIES = 600          # 429s waited out for one line (Retry-After, 1 s by default)
 # map's options that only a model loaded here uses (their parameter names)
 LOCAL_ONLY = ("quant", "memory_", "kv_type", "ctx", "no_cache", "backend", "threads",
               "gpu_layers", "cpu_moe", "offline", "grammar")
 FATAL = (401, 403, 404, 405)    # every line would get the same
+LOAD_FAILED = ("model_load_failed", "model_too_large", "model_not_found")   # and these codes
 
 
 def remote(command, server: str | None, model: str, template: str, params, max_tokens: int,
@@ -44,7 +45,7 @@ def remote(command, server: str | None, model: str, template: str, params, max_t
     refuse_local_options(command)
     if raw and system is not None:
         raise UsageError("--system has no place in a --raw prompt sent to a server")
-    return Remote(server_base(server), model, template, system, raw, params, max_tokens,
+    return Remote(server_url(server, "--server"), model, template, system, raw, params, max_tokens,
                   tuple(stop), read_schema(json_schema)[0] if json_schema else None, think)
 
 
@@ -58,13 +59,6 @@ def refuse_local_options(ctx) -> None:
     if given:
         raise UsageError(f"{', '.join(given)} set how a model is loaded here; with --server "
                          f"the server's own settings apply (--grammar: use --json-schema)")
-
-
-def server_base(url: str) -> str:
-    base = url.rstrip("/")
-    if not base.startswith(("http://", "https://")) or len(base) > 2000:
-        raise UsageError(f"--server must be an http:// or https:// address, not {url[:100]!r}")
-    return base
 
 
 @dataclass(frozen=True)
@@ -181,13 +175,13 @@ def _post(base: str, path: str, body: dict) -> dict:
                 raise ValueError
             return answer
         except urllib.error.HTTPError as e:
-            said = _said(e)
+            message, code = error_of(e)
             if e.code == 429:
                 time.sleep(_retry_after(e))
                 continue
-            if e.code in FATAL or _load_failed(said):
-                raise LocalinferError(f"{base}{path}: {e.code} {said['message']}") from None
-            return {"error": said["message"]}
+            if e.code in FATAL or code in LOAD_FAILED:
+                raise LocalinferError(f"{base}{path}: {e.code} {message}") from None
+            return {"error": message}
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise LocalinferError(f"no server answered at {base} ({reason}); is `localinfer "
@@ -196,21 +190,6 @@ def _post(base: str, path: str, body: dict) -> dict:
             raise LocalinferError(f"{base}{path} did not answer as OpenAI's API does: is it a "
                                   "localinfer server?") from None
     raise LocalinferError(f"{base} stayed busy (429) for {BUSY_RETRIES} tries")
-
-
-def _said(error: urllib.error.HTTPError) -> dict:
-    """The error object of an OpenAI-shaped reply ({"message", "code"})."""
-    try:
-        said = json.loads(error.read()).get("error")
-        if isinstance(said, dict):
-            return {"message": str(said.get("message"))[:500], "code": said.get("code")}
-    except (ValueError, AttributeError, OSError):
-        pass
-    return {"message": str(error.reason)[:500], "code": None}
-
-
-def _load_failed(said: dict) -> bool:
-    return said["code"] in ("model_load_failed", "model_too_large", "model_not_found")
 
 
 def _retry_after(error: urllib.error.HTTPError) -> float:

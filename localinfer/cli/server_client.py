@@ -72,9 +72,21 @@ def stop(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
 
 
 def _base(url: str | None, port: int) -> str:
-    base = (url or f"http://127.0.0.1:{port}").rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise UsageError(f"--url must start with http:// or https://, not {base[:100]!r}")
+    return server_url(url or f"http://127.0.0.1:{port}", "--url")
+
+
+def server_url(url: str, option: str) -> str:
+    """A server's address as an option gives it (no trailing slash), refused in one line unless
+    it is http:// or https:// with a host (`map --server` takes it the same way)."""
+    from urllib.parse import urlsplit
+    base = url.rstrip("/")
+    try:
+        host = urlsplit(base).hostname
+    except ValueError:          # a malformed port or IPv6 bracket
+        host = None
+    if not base.startswith(("http://", "https://")) or not host or len(base) > 2000:
+        raise UsageError(f"{option} must be an http:// or https:// address with a host, not "
+                         f"{url[:100]!r}")
     return base
 
 
@@ -104,13 +116,21 @@ def _call(base: str, path: str, body: dict | None = None) -> dict:
 
 
 def _said(error: urllib.error.HTTPError) -> str:
-    """The server's own message in an error reply (OpenAI's or Ollama's shape)."""
+    return error_of(error)[0]
+
+
+def error_of(error: urllib.error.HTTPError) -> tuple[str, str | None]:
+    """The server's own message in an error reply (OpenAI's or Ollama's shape), and its code
+    where the reply has one."""
     try:
-        body = json.loads(error.read())
-        said = body.get("error")
-        return str(said.get("message") if isinstance(said, dict) else said)[:300]
+        said = json.loads(error.read()).get("error")
+        if isinstance(said, dict):
+            return str(said.get("message"))[:500], said.get("code")
+        if said is not None:
+            return str(said)[:500], None
     except (ValueError, AttributeError, OSError):
-        return error.reason
+        pass
+    return str(error.reason)[:500], None
 
 
 def _processor(model: dict) -> str:

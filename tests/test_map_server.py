@@ -25,13 +25,16 @@ def server(models_home):
 
 
 def test_the_answers_are_map_s_own_in_input_order(server):
-    """Greedy: the server's answers are map's. Each line parts from the others where `{}` is, so
-    the server's kept cells and map's shared prefix both end at the same token."""
+    """Greedy: the server's answers are map's. One line at a time on both sides, after a first
+    line the server has answered, so that each line is evaluated alone from the same point:
+    lines part from each other where `{}` is, where the server's kept cells and map's shared
+    prefix both end (a batch's make-up moves the last bits: docs/batching.md)."""
     _, url = server
     lines = "".join(f"{n}\n" for n in range(1, 11))
-    here = run_cli("map", SMOLLM, PROMPT, "--temp", "0", "-n", "12", input=lines)
-    there = run_cli("map", SMOLLM, PROMPT, "--temp", "0", "-n", "12", "--server", url,
-                    input=lines)
+    args = ("map", SMOLLM, PROMPT, "--temp", "0", "-n", "12", "--parallel", "1")
+    assert run_cli(*args, "--server", url, input="0\n").returncode == 0
+    here = run_cli(*args, input=lines)
+    there = run_cli(*args, "--server", url, input=lines)
     assert here.returncode == 0 and there.returncode == 0, there.stderr
     assert there.stdout == here.stdout
     assert len(there.stdout.splitlines()) == 10

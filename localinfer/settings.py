@@ -27,6 +27,7 @@ class Settings:
     # direct binding then leaves the loading to the package.
     engine_lib_dir: str | None = None
     stdin_cap: str = ""        # LOCALINFER_STDIN_BYTES: the most piped input `run` reads
+    rpc: str = ""              # LOCALINFER_RPC: workers to compute on, as --rpc takes them
 
     @property
     def data_dir(self) -> Path:
@@ -93,6 +94,7 @@ def load() -> Settings:
         memory_budget=os.environ.get("LOCALINFER_MEMORY_BUDGET") or None,
         engine_lib_dir=os.environ.get("LLAMA_CPP_LIB_PATH") or None,
         stdin_cap=os.environ.get("LOCALINFER_STDIN_BYTES", ""),
+        rpc=os.environ.get("LOCALINFER_RPC", ""),
     )
 
 

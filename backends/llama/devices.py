@@ -6,8 +6,8 @@ free memory is not a measurement (ggml reports total = free on Linux), so the RA
 coming from the operating system; a GPU's free memory is what its driver reports
 (cudaMemGetInfo for CUDA and ROCm, Metal's recommended working set less what is allocated).
 
-llama-cpp-python binds none of the registry functions, so they are bound here on the libggml
-beside the libllama the package loaded (as `threads.py` does).
+llama-cpp-python binds none of the registry functions, so they are bound here, through the
+libllama the package loaded (`engine_ggml`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,17 @@ class Offload:
     devices: tuple[str, ...]        # the GPUs that hold them, "CUDA0 (NVIDIA ...)"
     no_gpu: bool = False            # the engine has no GPU to offload to
     cpu_moe: int = 0                # layers (the first) whose experts were kept in host memory
+    shares: tuple[int, ...] = ()    # layers on each of `devices` (llama_shares)
+
+    @property
+    def remote(self) -> bool:
+        """Whether RPC workers hold some of the layers."""
+        return any(name.startswith("RPC") for name in self.devices)
 
     def as_dict(self) -> dict:
         return {"gpu_layers": self.gpu_layers, "cpu_layers": self.layers - self.gpu_layers,
                 "layers": self.layers, "gpu_devices": list(self.devices),
+                "device_layers": dict(zip(self.devices, self.shares)),
                 "engine_has_gpu": not self.no_gpu, "cpu_moe_layers": self.cpu_moe}
 
     def identity(self) -> dict:
@@ -62,10 +69,18 @@ class Offload:
         return {"offload": [self.gpu_layers, *self.devices, *moe]}
 
 
+def engine_ggml():
+    """ggml's functions as libllama reaches them: looked up through libllama's own handle, so in
+    the libggml it was linked with. Not by loading libggml.so from its folder: a wheel cannot hold
+    symlinks, so libggml.so and the libggml.so.0 libllama loads are two copies of one file, two
+    libraries with two device registries, and a worker registered in one is not in the other."""
+    from llama_cpp import llama_cpp
+    return llama_cpp._lib
+
+
 class _Registry:
     def __init__(self) -> None:
-        from llama_cpp import _ctypes_extensions, llama_cpp
-        ggml = _ctypes_extensions.load_shared_library("ggml", llama_cpp._base_path)
+        ggml = engine_ggml()
 
         def bind(name, restype, *argtypes):
             return ctypes.CFUNCTYPE(restype, *argtypes)((name, ggml))
@@ -92,8 +107,11 @@ def _registry() -> _Registry:
 
 def read_registry() -> list[Device]:
     """Every device of the loaded engine with its free and total memory now (the hardware
-    boundary: the one function that asks ggml)."""
+    boundary: the one function that asks ggml), the workers this process asked for among them
+    (rpc.connect)."""
+    from localinfer.backends.llama import rpc
     api = _registry()
+    rpc.connect()
     found = []
     for i in range(api.count()):
         dev = api.get(i)
@@ -131,16 +149,37 @@ def offload_targets(found: list[Device]) -> list[Device]:
     return [d for d in igpus if d.backend == igpus[0].backend]
 
 
+def model_devices(found: list[Device]) -> list[Device]:
+    """The devices llama.cpp's default selection puts layers on, in its order: the RPC workers
+    first ("to minimize network transfers"), then `offload_targets`."""
+    return [d for d in found if d.backend == "RPC"] + offload_targets(found)
+
+
+def llama_shares(n: int, frees: list[int]) -> list[int]:
+    """How llama.cpp splits `n` offloaded layers over its devices by their free memory: layer k
+    goes to the first device whose cumulative share exceeds k/n, in float32 as llama.cpp does."""
+    import numpy as np
+    if n <= 0 or not frees or not any(frees):
+        return [0] * len(frees)
+    splits = np.cumsum(np.asarray(frees, dtype=np.float32), dtype=np.float32)
+    splits = (splits / splits[-1]).astype(np.float32)
+    positions = np.arange(n, dtype=np.float32) / np.float32(n)
+    device = np.minimum(np.searchsorted(splits, positions, side="right"), len(frees) - 1)
+    return np.bincount(device, minlength=len(frees)).tolist()
+
+
 def placed_layers(n_gpu_layers: int, n_layer: int, found: list[Device]) -> Offload:
     """Where llama.cpp puts the layers for `n_gpu_layers` (llama_model_base::load_tensors): the
     last n of n_layer + 1 (the output layer is the last), all for a negative n, none without a
-    GPU to put them on."""
-    targets = offload_targets(found)
+    device to put them on; split between the devices by their free memory."""
+    targets = model_devices(found)
     total = n_layer + 1
     wanted = total if n_gpu_layers < 0 else min(n_gpu_layers, total)
     on_gpu = wanted if targets else 0
     names = tuple(f"{d.name} ({d.description})" if d.description else d.name for d in targets)
-    return Offload(on_gpu, total, names if on_gpu else (), no_gpu=not targets)
+    shares = tuple(llama_shares(on_gpu, [d.memory_free for d in targets]))
+    return Offload(on_gpu, total, names if on_gpu else (), no_gpu=not offload_targets(found),
+                   shares=shares if on_gpu else ())
 
 
 def cpu_weight_buffers() -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama.engine import engine, engine_version, init_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label
+from localinfer.backends.llama import rpc
 from localinfer.backends.llama.overrides import ExpertOverrides
 from localinfer.backends.llama.threads import attach_shared_pool
 from localinfer.backends.llama.vocab import GGUFVocabulary
@@ -38,6 +39,7 @@ class LlamaCppSession(GGUFVocabulary):
         self._path, self._options = path, options
         self.kv_type = kv_label(options)    # part of the exactness probe's key
         log = init_engine(options.verbose)
+        rpc.connect()           # the workers asked for: devices llama.cpp's selection takes
         mparams = lib.llama_model_default_params()
         # The fit's placement (or --gpu-layers); llama.cpp's own default puts every layer on the GPU.
         mparams.n_gpu_layers = max(-1, min(options.gpu_layers, 2 ** 31 - 1))
@@ -52,7 +54,11 @@ class LlamaCppSession(GGUFVocabulary):
             reason = log.last_error() or "llama.cpp could not load it"
             raise ModelLoadError(f"cannot load {path.name}: {reason}")
         self._init_vocabulary()
+        rpc.harden_sockets()
         self.offload = model_offload(self._model, options.gpu_layers, max(options.cpu_moe, 0))
+        # A device other than the CPU copies the logits back asynchronously (a GPU, an RPC
+        # worker): the reused view below must wait for that copy, which llama.cpp's getters do.
+        self._sync_logits = self.offload.gpu_layers > 0
         trained = lib.llama_model_n_ctx_train(self._model)
         n_ctx = context_length(options.n_ctx, trained)
         self._ctx = self._new_context(options, n_ctx)
@@ -160,8 +166,11 @@ class LlamaCppSession(GGUFVocabulary):
         One output lands in row 0 of that buffer, which llama.cpp reallocates only when a decode
         needs more rows than it holds, never for one row. So the view is made once and reused until
         a decode with several output rows: right after a decode the caches are cold and each ctypes
-        call costs 20-30 µs, about 0.3% of a SmolLM2 step.
+        call costs 20-30 µs, about 0.3% of a SmolLM2 step. Where layers sit on another device, the
+        view is read after llama_synchronize: the copy into that buffer may still be under way.
         """
+        if self._sync_logits:
+            engine().llama_synchronize(self._ctx)
         if self._row0_view is None:
             ptr = engine().llama_get_logits_ith(self._ctx, -1)
             addr = ctypes.cast(ptr, ctypes.c_void_p).value

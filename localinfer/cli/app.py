@@ -16,7 +16,7 @@ import typer
 
 from localinfer import settings
 from localinfer.cli import (batch, cache, console, embed, generate, measure, models, serve,
-                            server_client, shell, show)
+                            server_client, shell, show, worker)
 from localinfer.cli import help_style
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
 
@@ -81,6 +81,7 @@ batch.register(app)
 embed.register(app)
 serve.register(app)
 server_client.register(app)
+worker.register(app)
 models.register(app)
 show.register(app)
 measure.register(app)

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, map_remote, shell
-from localinfer.cli.options import (BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option,
+from localinfer.cli.options import (rpc_option, BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option,
                                     ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
                                     kv_type_option, max_tokens_option, memory_option,
@@ -73,6 +73,7 @@ def map_lines(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", rich_help_panel=BACKEND,

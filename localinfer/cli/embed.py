@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, backend_option, check_backend, ctx_option,
+from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, ctx_option,
                                     engine_log, fit_options, gpu_layers_option, memory_option,
                                     model_argument, offline_option, quant_option, reporter,
                                     threads_option, verbose_option)
@@ -40,6 +40,7 @@ def embed_lines(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    rpc: Optional[str] = rpc_option(),
     offline: bool = offline_option(),
 ) -> None:
     """Embed each line of stdin: one JSON object per line on stdout, in input order,

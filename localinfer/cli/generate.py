@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.options import (CONTEXT, backend_option, check_backend, cpu_moe_option,
+from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, cpu_moe_option,
                                     ctx_option,
                                     draft_max_option, draft_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_option,
@@ -74,6 +74,7 @@ def run(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
@@ -168,6 +169,7 @@ def chat(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:

@@ -25,6 +25,9 @@ def offload_line(loaded: LoadedModel) -> str | None:
     offload = getattr(loaded.session, "offload", None)
     if offload is None:
         return None
+    if offload.remote:
+        placed = ", ".join(f"{n} on {d}" for d, n in zip(offload.devices, offload.shares))
+        return f"layers: {placed}, {offload.layers - offload.gpu_layers} on the CPU"
     where = f" ({', '.join(offload.devices)})" if offload.devices else \
         " (this llama.cpp build has no GPU backend)" if offload.no_gpu else ""
     # Experts kept in RAM are news only beside layers on a GPU: on a CPU everything is there.
@@ -36,6 +39,9 @@ def offload_line(loaded: LoadedModel) -> str | None:
 
 def placement_text(placement, n_layer: int) -> str:
     """Where `run` would put a model here (fit.rules.Placement), for `info`."""
+    if placement.spread:
+        fits = "" if placement.fits else f"; does not fit: {placement.overfull or 'the RAM'}"
+        return f"{placement.spread} (context {placement.n_ctx}, {placement.kv_type} KV cache){fits}"
     text = (f"{placement.gpu_layers} of {placement.layers} layers on the GPU"
             if placement.gpu_layers else f"all {placement.layers} layers on the CPU")
     if placement.cpu_moe and placement.gpu_layers:

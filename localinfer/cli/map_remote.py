@@ -29,7 +29,7 @@ ANSWER_TIMEOUT_S = 3600.0   # a request answers once whole: its generation and i
 BUSY_RETRIES = 600          # 429s waited out for one line (Retry-After, 1 s by default)
 # map's options that only a model loaded here uses (their parameter names)
 LOCAL_ONLY = ("quant", "memory_", "kv_type", "ctx", "no_cache", "backend", "threads",
-              "gpu_layers", "cpu_moe", "offline", "grammar")
+              "gpu_layers", "cpu_moe", "offline", "grammar", "rpc")
 FATAL = (401, 403, 404, 405)    # every line would get the same
 LOAD_FAILED = ("model_load_failed", "model_too_large", "model_not_found")   # and these codes
 

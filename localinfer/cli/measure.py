@@ -12,7 +12,7 @@ import typer
 
 from localinfer.backends import LoadOptions
 from localinfer.cli import console
-from localinfer.cli.options import (MAX_CTX, OUTPUT, backend_option, cpu_moe_option, ctx_option,
+from localinfer.cli.options import (rpc_option, MAX_CTX, OUTPUT, backend_option, cpu_moe_option, ctx_option,
                                     draft_option, parse_cpu_moe,
                                     gpu_layers_option, json_option, model_argument,
                                     offline_option, parse_gpu_layers, reporter,
@@ -49,6 +49,7 @@ def bench(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
 ) -> None:
@@ -204,6 +205,7 @@ def eval_cmd(
     as_json: bool = json_option(),
     backend: str = backend_option(),
     threads: int = threads_option(),
+    rpc: Optional[str] = rpc_option(),
     offline: bool = offline_option(),
 ) -> None:
     """Perplexity over a text; with --reference, mean KL divergence and top-1 agreement too.

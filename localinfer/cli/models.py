@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Optional
 
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import json_option, model_argument
+from localinfer.cli.options import json_option, model_argument, rpc_option
 from localinfer.errors import UsageError
 from localinfer.models import hub, refs
 from localinfer.units import human_size
@@ -114,6 +115,7 @@ def _hub_target(model: str, store) -> tuple[str, str]:
 def info(
     model: str = model_argument(),
     as_json: bool = json_option(),
+    rpc: Optional[str] = rpc_option(),
 ) -> None:
     """Facts about a model: architecture, size, layers, heads, vocabulary, tensor types.
 
@@ -127,7 +129,7 @@ def info(
     model_info.show(facts, as_json=as_json)
 
 
-def devices(as_json: bool = json_option()) -> None:
+def devices(as_json: bool = json_option(), rpc: Optional[str] = rpc_option()) -> None:
     """This machine's CPU, memory and accelerators, and the backend `run` would choose.
 
     Each device llama.cpp and ONNX Runtime report, with its free and total memory.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from localinfer import machine
+from localinfer import machine, settings
 from localinfer.backends import BACKEND_CHOICES
 from localinfer.cli import console
 from localinfer.errors import UsageError
@@ -204,6 +204,27 @@ def gpu_layers_option():
     return typer.Option("auto", "--gpu-layers", callback=check_gpu_layers, metavar="N",
                         rich_help_panel=BACKEND, help="Layers on the GPU: auto (as many as its free memory holds), N "
                         "(more than the model has = all), or 0 (CPU only).")
+
+
+def rpc_option():
+    return typer.Option(None, "--rpc", metavar="HOST:PORT,...", callback=check_rpc,
+                        rich_help_panel=BACKEND, help="Compute on these `localinfer worker`s "
+                        "too (llama.cpp RPC; or LOCALINFER_RPC): the layers are spread over them "
+                        "and this machine by memory, and the fit counts theirs.")
+
+
+def check_rpc(value: str | None) -> str | None:
+    """--rpc, else LOCALINFER_RPC, checked and recorded; the workers are connected when a model
+    is first fitted or loaded (backends/llama/rpc.py)."""
+    from localinfer.backends.llama import rpc
+    if value is not None:
+        try:
+            rpc.request(rpc.parse_endpoints(value))
+        except UsageError as e:
+            raise typer.BadParameter(str(e).removeprefix("--rpc: ")) from None
+    elif settings.load().rpc:
+        rpc.request(rpc.parse_endpoints(settings.load().rpc, "LOCALINFER_RPC"))
+    return value
 
 
 def cpu_moe_option():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localinfer.cli import console
-from localinfer.cli.options import (CONTEXT, SERVER, backend_option, cpu_moe_option, ctx_option,
+from localinfer.cli.options import (rpc_option, CONTEXT, SERVER, backend_option, cpu_moe_option, ctx_option,
                                     engine_log, fit_options,
                                     gpu_layers_option, kv_type_option, memory_option,
                                     min_p_option, offline_option, quant_option,
@@ -85,6 +85,7 @@ def serve(
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
+    rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
     keep_alive: str = typer.Option("5m", "--keep-alive", metavar="DURATION",

@@ -56,6 +56,10 @@ def memory_of(devices: list[Device], *, apple_silicon: bool) -> tuple[int, int |
 def placement_rule(devices: list[Device], *, apple_silicon: bool) -> str:
     """How `run` places a model on these devices, in a line (`devices` says it)."""
     targets = offload_targets(devices)
+    workers = [d.description for d in devices if d.backend == "RPC"]
+    if workers:
+        return (f"layers over this machine and the workers ({', '.join(workers)}) by the "
+                "memory each offers")
     if not targets:
         return "every layer on the CPU"
     names = ", ".join(d.name for d in targets)
@@ -97,8 +101,18 @@ def rebuild_hint(hardware: list[Hardware], devices: list[Device], *, python: str
             f"{rebuild_command(build, python=python, version=version)}")
 
 
-def this_rebuild_hint(devices: list[Device] | None = None) -> str | None:
-    """`rebuild_hint` for this machine and the engine installed here (its `devices` if known)."""
+def rpc_hint(devices: list[Device], *, python: str, version: str) -> str:
+    """The line `devices` prints when the engine has no RPC backend: the command that rebuilds it
+    with RPC, keeping the GPU backend it has."""
+    flags = [BUILDS[b].cmake for b in sorted({d.backend for d in devices}) if b in BUILDS]
+    build = GpuBuild("RPC", " ".join([*flags, "-DGGML_RPC=on"]))
+    return ("this llama.cpp build has no RPC backend (for --rpc and `localinfer worker`); "
+            f"rebuild it: {rebuild_command(build, python=python, version=version)}")
+
+
+def this_rebuild_hint(devices: list[Device] | None = None, *, rpc: bool = False) -> str | None:
+    """`rebuild_hint` for this machine and the engine installed here (its `devices` if known);
+    with `rpc`, `rpc_hint`'s line instead."""
     import sys
     from importlib.metadata import PackageNotFoundError, version
 
@@ -109,5 +123,7 @@ def this_rebuild_hint(devices: list[Device] | None = None) -> str | None:
     except PackageNotFoundError:
         return None
     found = llama_devices.devices() if devices is None else devices
+    if rpc:
+        return rpc_hint(found, python=sys.executable, version=installed)
     return rebuild_hint(present(apple_silicon=is_apple_silicon()), found, python=sys.executable,
                         version=installed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from localinfer.fit import memory, moe
+from localinfer.fit import memory, moe, spread
 from localinfer.units import human_size
 
 GB = 1000 ** 3
@@ -31,6 +31,8 @@ class Machine:
     metal_working_set: int | None = None
     vram_free: int = 0                      # discrete GPUs: free memory the engine reports, summed
     repacks: bool = True                    # x86 with AVX2: llama.cpp repacks some weights
+    # RPC workers' devices (--rpc), in llama.cpp's order: (name, free memory they report).
+    workers: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,22 +40,26 @@ class Budget:
     ram: int            # bytes the CPU side may use
     vram: int           # bytes a discrete GPU may hold (0: none)
     source: str         # how the budget was found, for messages
+    workers: tuple[int, ...] = ()   # bytes each RPC worker device may hold
 
 
 def budget(machine: Machine, override: int | None = None) -> Budget:
     """What a model may use: an explicit override (of the RAM; a discrete GPU keeps its own),
     else what the machine offers minus headroom."""
     vram = int(machine.vram_free * (1 - VRAM_HEADROOM))
+    # A worker keeps headroom as a GPU does: its own runtime and scratch live beside the layers.
+    workers = tuple(int(free * (1 - VRAM_HEADROOM)) for _, free in machine.workers)
     if override is not None:
-        return Budget(override, vram, "--memory / LOCALINFER_MEMORY_BUDGET")
+        return Budget(override, vram, "--memory / LOCALINFER_MEMORY_BUDGET", workers)
     if machine.metal_working_set:
         # Unified memory, counted once: the GPU's working-set limit bounds everything the model
         # allocates, and the GPU's memory is the RAM, never added to it.
         return Budget(min(machine.metal_working_set, machine.ram_available), 0,
                       "Metal recommended working set" if machine.apple_silicon
-                      else "the integrated GPU's share of RAM")
+                      else "the integrated GPU's share of RAM", workers)
     ram = int(machine.ram_available * (1 - RAM_HEADROOM))
-    return Budget(ram, vram, "available RAM minus headroom" + (" + free VRAM" if vram else ""))
+    return Budget(ram, vram, "available RAM minus headroom" + (" + free VRAM" if vram else ""),
+                  workers)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class Placement:
     on_gpu: int = 0               # bytes on a discrete GPU (weights, KV cells, compute buffer)
     layers: int = 0               # every layer llama.cpp places: n_layer + 1 (the output layer)
     cpu_moe: int = 0              # layers whose expert tensors stay in host memory (fit.moe)
+    spread: str = ""              # with RPC workers: where the layers go, in words
+    overfull: str = ""            # with RPC workers: the device that cannot hold its share
 
 
 def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx: int,
@@ -88,7 +96,9 @@ def place(facts: memory.ModelFacts, machine: Machine, budget_: Budget, *, n_ctx:
             request = memory.Request(ctx, kv_type=kv, logits_rows=logits_rows, repack=machine.repacks)
             placement = _split(facts, request, machine, budget_, gpu_layers, cpu_moe)
             if placement.fits:
-                return replace(placement, notes=_notes(n_ctx, ctx, kv_type, kv))
+                spread_ = (f"placed over the workers: {placement.spread}",) \
+                    if placement.spread else ()
+                return replace(placement, notes=(*_notes(n_ctx, ctx, kv_type, kv), *spread_))
         if ctx <= min_ctx or ctx // 2 < MIN_CTX:
             return placement      # the smallest try: says how much it needs
         ctx = max(ctx // 2, min_ctx)
@@ -103,6 +113,8 @@ def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, 
     est = memory.estimate(facts, request)
     ctx, kv, total = request.n_ctx, request.kv_type, facts.n_layer + 1
     unified = machine.metal_working_set is not None
+    if machine.workers:
+        return _over_workers(facts, request, est, machine, budget_, gpu_layers)
     # Asked for, the override is passed on wherever the experts are (on a CPU it changes nothing).
     asked = moe.asked_split(facts.expert_bytes, cpu_moe).cpu_moe if cpu_moe else 0
     if not unified and (budget_.vram <= 0 or facts.n_layer == 0):
@@ -126,6 +138,39 @@ def _split(facts: memory.ModelFacts, request: memory.Request, machine: Machine, 
     on_cpu = est.required if unified else est.required - int(layers * per_layer)
     return Placement(on_cpu <= budget_.ram, ctx, kv, layers, on_cpu, on_gpu=on_gpu, layers=total,
                      cpu_moe=asked)
+
+
+def _over_workers(facts: memory.ModelFacts, request: memory.Request, est: memory.Estimate,
+                  machine: Machine, budget_: Budget, gpu_layers: int | None) -> Placement:
+    """The layers over the RPC workers and this machine (fit.spread): the workers and a local
+    GPU hold the shares llama.cpp splits by free memory, the CPU (or unified memory) the rest."""
+    total = facts.n_layer + 1
+    per_layer = (facts.file_size + est.kv_cache) / total
+    compute = gpu_compute(facts, request)
+    unified = machine.metal_working_set is not None
+    devices = [spread.Device(f"worker {name}", free, held)
+               for (name, free), held in zip(machine.workers, budget_.workers)]
+    if unified:      # llama.cpp offloads every layer; the Metal GPU's share is held in the RAM
+        devices.append(spread.Device("this Mac's GPU", machine.metal_working_set, budget_.ram))
+    elif machine.vram_free:
+        devices.append(spread.Device("the GPU", machine.vram_free, budget_.vram))
+    cpu_fixed = est.required - int(total * per_layer)
+    if unified or gpu_layers is not None:
+        chosen = spread.spread(total if unified else min(gpu_layers, total), devices,
+                               per_layer, compute)
+    else:
+        chosen = spread.choose(total, devices, per_layer, compute, cpu_fixed=cpu_fixed,
+                               ram=budget_.ram, gpu_first=bool(machine.vram_free))
+    n_workers = len(machine.workers)
+    remote_layers = sum(chosen.shares[:n_workers])
+    if unified:
+        on_cpu, on_gpu = est.required - int(remote_layers * per_layer), 0
+    else:
+        on_cpu = cpu_fixed + int((total - chosen.offloaded) * per_layer)
+        on_gpu = sum(chosen.held[n_workers:])
+    return Placement(not chosen.overfull and on_cpu <= budget_.ram, request.n_ctx,
+                     request.kv_type, chosen.offloaded, on_cpu, on_gpu=on_gpu, layers=total,
+                     spread=spread.describe(chosen, devices, total), overfull=chosen.overfull)
 
 
 def footprint(facts: memory.ModelFacts, request: memory.Request, machine: Machine, *,
@@ -211,6 +256,8 @@ def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_:
     """
     least = place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type=kv_type, gpu_layers=gpu_layers,
                   cpu_moe=cpu_moe)
+    if least.overfull:
+        return f"{name} does not fit as asked: {least.overfull}; try a smaller --gpu-layers"
     hints = []
     if kv_type != "q4_0" and place(facts, machine, budget_, n_ctx=MIN_CTX, kv_type="q4_0",
                                    gpu_layers=gpu_layers, cpu_moe=cpu_moe).fits:
@@ -220,6 +267,8 @@ def does_not_fit(name: str, facts: memory.ModelFacts, machine: Machine, budget_:
     hints.append(f"a budget of {_size_arg(least.needed)} or more (--memory)")
     split = f" in RAM with {least.gpu_layers} of {least.layers} layers on the GPU" \
         if least.on_gpu and machine.metal_working_set is None else ""
+    if machine.workers:
+        split = f" in RAM with {least.gpu_layers} of {least.layers} layers on the workers"
     if split and least.cpu_moe:
         split += f" ({moe.describe(least.cpu_moe, facts.n_layer)})"
     return (f"{name} needs at least {human_size(least.needed)}{split} (context {MIN_CTX}, "
@@ -241,6 +290,9 @@ def detect_machine() -> Machine:
     from localinfer.fit import gpu
     ram_total, ram_available = machine.ram()
     apple = machine.is_apple_silicon()
-    vram, shared = gpu.memory_of(llama_devices.devices(), apple_silicon=apple)
+    found = llama_devices.devices()
+    vram, shared = gpu.memory_of(found, apple_silicon=apple)
+    workers = tuple((d.description, d.memory_free) for d in found if d.backend == "RPC")
     return Machine(ram_total=ram_total, ram_available=ram_available, apple_silicon=apple,
-                   metal_working_set=shared, vram_free=vram, repacks=memory.cpu_repacks())
+                   metal_working_set=shared, vram_free=vram, repacks=memory.cpu_repacks(),
+                   workers=workers)

@@ -1,0 +1,306 @@
+"""Workers on other machines as llama.cpp devices: ggml's RPC backend, client side.
+
+`localinfer worker` (or llama.cpp's own `rpc-server`) offers a machine's devices over TCP;
+`connect` makes each worker's devices part of ggml's backend registry, where llama.cpp's default
+device selection finds them (at the front of the list: llama_model_load_from_file) and where
+`devices.read_registry` and the fit see their memory.
+
+ggml aborts the whole process on any RPC failure (a refused connection, a worker gone mid-run),
+so nothing reaches it unchecked: `probe` speaks the protocol's first messages itself, with
+timeouts, before ggml connects; the abort that a worker lost later still causes is turned into one
+line naming it and exit 1 (`_on_abort`); and the sockets ggml opened are given keepalive and a
+user timeout, so that a machine that vanishes without closing them is noticed in seconds rather
+than never (`harden_sockets`).
+
+llama-cpp-python binds none of this: the functions come from the libggml beside its libllama,
+the RPC ones through the registry's proc address, as llama.cpp's tools find them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import socket
+import struct
+import sys
+import threading
+from dataclasses import dataclass
+
+from localinfer.errors import LocalinferError, UsageError
+
+# ggml-rpc.h of the llama.cpp that llama-cpp-python 0.3.36 vendors: a worker must speak the same
+# major version and no newer minor one (ggml's own rule in negotiate_hello).
+PROTOCOL_MAJOR, PROTOCOL_MINOR = 7, 0
+DEFAULT_PORT = 50052
+MAX_WORKERS = 16                  # GGML_RPC_MAX_SERVERS
+MAX_DEVICES = 16                  # devices one worker may claim before we call it hostile
+CONNECT_SECONDS = 5.0
+ANSWER_SECONDS = 10.0
+# The protocol's commands (enum rpc_cmd) and sizes this probe uses.
+_GET_DEVICE_MEMORY, _HELLO, _DEVICE_COUNT = 11, 14, 15
+_CAPS_SIZE = 24                   # RPC_CONN_CAPS_SIZE: zeros ask for plain TCP
+_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+
+class WorkerError(LocalinferError):
+    """A worker that cannot be reached, does not answer, or speaks another protocol."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    endpoint: str                           # host:port, as given
+    version: tuple[int, int, int]
+    memory: tuple[tuple[int, int], ...]     # (free, total) bytes of each of its devices
+
+
+# -- addresses -----------------------------------------------------------------------------------
+def parse_endpoints(text: str, option: str = "--rpc") -> tuple[str, ...]:
+    """HOST:PORT[,HOST:PORT...] checked before ggml sees it: ggml aborts on an address it cannot
+    parse, and splits host from port at the first colon (so no IPv6 literal)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise UsageError(f"{option} takes HOST:PORT[,HOST:PORT...], not {text!r}")
+    if len(parts) > MAX_WORKERS:
+        raise UsageError(f"{option} names {len(parts)} workers; llama.cpp takes at most "
+                         f"{MAX_WORKERS}")
+    if len(set(parts)) != len(parts):
+        raise UsageError(f"{option} names a worker twice: {text!r}")
+    return tuple(_endpoint(p, option) for p in parts)
+
+
+def _endpoint(part: str, option: str) -> str:
+    host, sep, port = part.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"{option}: {part!r} is not HOST:PORT (e.g. 192.168.1.20:{DEFAULT_PORT})")
+    if ":" in host or host.startswith("["):
+        raise UsageError(f"{option}: {part!r}: llama.cpp's RPC speaks IPv4 only; give an IPv4 "
+                         "address or a host name")
+    if not _HOST.match(host):
+        raise UsageError(f"{option}: {host!r} is not a host name or IPv4 address")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"{option}: {part!r}: the port must be 1 to 65535")
+    return f"{host}:{int(port)}"
+
+
+def _split(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return host, int(port)
+
+
+# -- the protocol's first messages, spoken here with timeouts ------------------------------------
+def probe(endpoint: str, *, connect_s: float = CONNECT_SECONDS,
+          answer_s: float = ANSWER_SECONDS) -> Worker:
+    """Ask a worker its protocol version and its devices' memory; a WorkerError saying why when
+    it cannot. A worker serves one client at a time, so one busy with another does not answer."""
+    host, port = _split(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=connect_s) as sock:
+            sock.settimeout(answer_s)
+            major, minor, patch = _call(sock, _HELLO, bytes(_CAPS_SIZE), 4 + _CAPS_SIZE)[:3]
+            if major != PROTOCOL_MAJOR or minor > PROTOCOL_MINOR:
+                raise WorkerError(
+                    f"worker {endpoint} speaks RPC protocol {major}.{minor}.{patch}; this "
+                    f"llama.cpp speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}: run the same "
+                    "llama.cpp (localinfer and llama-cpp-python versions) on both machines")
+            (count,) = struct.unpack("<I", _call(sock, _DEVICE_COUNT, b"", 4))
+            if not 1 <= count <= MAX_DEVICES:
+                raise WorkerError(f"worker {endpoint} reports {count} devices")
+            memory = tuple(struct.unpack("<QQ", _call(sock, _GET_DEVICE_MEMORY,
+                                                      struct.pack("<I", i), 16))
+                           for i in range(count))
+    except TimeoutError:
+        raise WorkerError(f"worker {endpoint} did not answer within {answer_s:g} s: it may be "
+                          "serving another client (a worker takes one at a time), or it is not "
+                          "a localinfer/llama.cpp worker") from None
+    except ConnectionRefusedError:
+        raise WorkerError(f"nothing listens at {endpoint}: start `localinfer worker` there "
+                          f"(see docs/distributed.md)") from None
+    except socket.gaierror as e:
+        raise WorkerError(f"cannot resolve the worker {host!r}: {e.strerror}") from None
+    except OSError as e:
+        raise WorkerError(f"cannot reach the worker {endpoint}: "
+                          f"{e.strerror or type(e).__name__}") from None
+    return Worker(endpoint, (major, minor, patch), tuple((min(f, t), t) for f, t in memory))
+
+
+def _call(sock: socket.socket, command: int, payload: bytes, answer_size: int) -> bytes:
+    """One command: | cmd (1 byte) | size (8 bytes) | payload |, answered | size | answer |."""
+    sock.sendall(struct.pack("<BQ", command, len(payload)) + payload)
+    (size,) = struct.unpack("<Q", _read(sock, 8))
+    if size != answer_size:
+        raise WorkerError(f"a worker answered {size} bytes where the protocol has "
+                          f"{answer_size}: not a llama.cpp RPC server of this version")
+    return _read(sock, size)
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise WorkerError("the worker closed the connection during its greeting")
+        data += chunk
+    return data
+
+
+# -- ggml's side ---------------------------------------------------------------------------------
+class _Ggml:
+    """The registry and abort functions of the libggml beside the libllama that was loaded."""
+
+    def __init__(self) -> None:
+        from localinfer.backends.llama.devices import engine_ggml
+        ggml = base = engine_ggml()
+        p = ctypes.c_void_p
+        self.reg_by_name = ctypes.CFUNCTYPE(p, ctypes.c_char_p)(("ggml_backend_reg_by_name", ggml))
+        self.reg_proc = ctypes.CFUNCTYPE(p, p, ctypes.c_char_p)(
+            ("ggml_backend_reg_get_proc_address", ggml))
+        self.register = ctypes.CFUNCTYPE(None, p)(("ggml_backend_register", ggml))
+        self.set_abort = ctypes.CFUNCTYPE(p, p)(("ggml_set_abort_callback", base))
+
+    def rpc_function(self, name: str, prototype):
+        reg = self.reg_by_name(b"RPC")
+        address = self.reg_proc(reg, name.encode()) if reg else None
+        return prototype(address) if address else None
+
+
+_ggml: _Ggml | None = None
+
+
+def ggml() -> _Ggml:
+    global _ggml
+    if _ggml is None:
+        _ggml = _Ggml()
+    return _ggml
+
+
+def supported() -> bool:
+    """Whether the installed llama.cpp was built with the RPC backend (-DGGML_RPC=on)."""
+    try:
+        return bool(ggml().reg_by_name(b"RPC"))
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def build_hint() -> str:
+    return ("this llama.cpp build has no RPC backend, so it cannot use workers: rebuild "
+            "llama-cpp-python with CMAKE_ARGS=\"-DGGML_RPC=on\" (`localinfer devices` prints the "
+            "command for this machine)")
+
+
+# -- the workers of this process -----------------------------------------------------------------
+_requested: tuple[str, ...] = ()
+_connected: dict[str, Worker] = {}
+_lock = threading.Lock()
+_abort_hook = None                 # the ctypes callback ggml holds: kept alive here
+
+
+def request(endpoints: tuple[str, ...]) -> None:
+    """The workers this process computes on (--rpc / LOCALINFER_RPC); connected on first need."""
+    global _requested
+    _requested = tuple(endpoints)
+
+
+def requested() -> tuple[str, ...]:
+    return _requested
+
+
+def connect() -> list[Worker]:
+    """Put the requested workers into ggml's registry (once): each probed first, so a worker that
+    is down, busy or of another version is one WorkerError and never a ggml abort."""
+    with _lock:
+        missing = [e for e in _requested if e not in _connected]
+        if not missing:
+            return [_connected[e] for e in _requested]
+        if not supported():
+            raise WorkerError(build_hint())
+        found = [probe(e) for e in missing]
+        _install_abort_line()
+        prototype = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+        add_server = ggml().rpc_function("ggml_backend_rpc_add_server", prototype)
+        for worker in found:
+            reg = add_server(worker.endpoint.encode())
+            if not reg:
+                raise WorkerError(f"worker {worker.endpoint} offers no device")
+            ggml().register(reg)
+            _connected[worker.endpoint] = worker
+        return [_connected[e] for e in _requested]
+
+
+def _install_abort_line() -> None:
+    """A ggml abort while workers are in use is most likely one of them lost: say which in one
+    line and exit 1 (ggml would print a file:line and a backtrace, then dump core)."""
+    global _abort_hook
+    if _abort_hook is not None:
+        return
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    def on_abort(message: bytes | None) -> None:
+        text = (message or b"").decode("utf-8", "replace")
+        if "RPC" not in text and "Remote" not in text:
+            sys.stderr.write(f"localinfer: error: llama.cpp aborted: {text}\n")
+            sys.stderr.flush()
+            return                      # ggml goes on to abort()
+        sys.stderr.write(f"localinfer: error: {lost_line(tuple(_connected))}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    _abort_hook = on_abort
+    ggml().set_abort(ctypes.cast(on_abort, ctypes.c_void_p))
+
+
+def lost_line(endpoints: tuple[str, ...]) -> str:
+    """Which worker went away, found by knocking at each (a gone process refuses; a gone machine
+    does not answer within a second or two)."""
+    gone = [e for e in endpoints if not _knocks(e)]
+    if gone:
+        names = ", ".join(gone)
+        return (f"lost the worker {names} mid-run (it stopped or its machine left the network); "
+                "start it again and rerun")
+    return (f"a worker stopped answering mid-run ({', '.join(endpoints)}); check them and rerun")
+
+
+def _knocks(endpoint: str, tries: int = 10) -> bool:
+    """Whether the worker's port still takes connections, asked a few times over a second: its
+    process may still be closing its sockets when the lost connection is noticed."""
+    import time
+    for _ in range(tries):
+        try:
+            with socket.create_connection(_split(endpoint), timeout=2.0):
+                pass
+        except OSError:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def harden_sockets() -> int:
+    """Keepalive and a user timeout on this process's connections to its workers: a worker whose
+    machine vanishes (no FIN, no RST) then fails the next send or wait within about 15 s, which
+    ggml turns into the abort `_on_abort` reports, instead of a wait without end. Returns how
+    many sockets it set (Linux; elsewhere 0)."""
+    if not _connected or not hasattr(socket, "TCP_USER_TIMEOUT"):
+        return 0
+    import psutil
+    peers = {_peer(e) for e in _connected}
+    process = psutil.Process()
+    listing = getattr(process, "net_connections", None) or process.connections
+    done = 0
+    for conn in listing(kind="tcp4"):
+        if conn.raddr and (conn.raddr.ip, conn.raddr.port) in peers and conn.fd >= 0:
+            with socket.socket(fileno=os.dup(conn.fd)) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 3)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 15_000)
+            done += 1
+    return done
+
+
+def _peer(endpoint: str) -> tuple[str, int]:
+    host, port = _split(endpoint)
+    try:
+        return socket.gethostbyname(host), port
+    except OSError:
+        return host, port

@@ -88,6 +88,20 @@ def offer(device: llama_devices.Device, cap: int | None) -> Callable[[], Offered
     return offered
 
 
+def _check_free(host: str, port: int) -> None:
+    """Bind the address as ggml will (SO_REUSEADDR) and let it go: a port another program holds
+    is one line here, where ggml would print to stderr and return, and the readiness check
+    would find the other program answering."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe_socket:
+        probe_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe_socket.bind((host, port))
+        except OSError as e:
+            raise LocalinferError(f"cannot listen on {host}:{port}: "
+                                  f"{e.strerror or e}") from None
+
+
 def start(host: str, port: int, *, threads: int, device: llama_devices.Device,
           ready_s: float = 30.0) -> threading.Thread:
     """Start the server in a thread and return once it answers the protocol's greeting; a
@@ -97,6 +111,7 @@ def start(host: str, port: int, *, threads: int, device: llama_devices.Device,
     serve = rpc.ggml().rpc_function("ggml_backend_rpc_start_server", prototype)
     if serve is None:
         raise LocalinferError(rpc.build_hint())
+    _check_free(host, port)
     devices = (ctypes.c_void_p * 1)(_device_pointer(device.name))
     _kept.append(devices)
     endpoint = f"{host}:{port}"

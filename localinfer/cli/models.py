@@ -180,6 +180,10 @@ def _show_devices(facts: dict, *, as_json: bool) -> None:
     rows += device_rows(facts.get("devices", []))
     if facts.get("placement"):
         rows.append(["placement", facts["placement"]])
+    rpc = facts.get("rpc") or {}
+    if rpc:
+        rows.append(["rpc workers", "yes (localinfer worker, --rpc)" if rpc["supported"]
+                     else rpc["hint"] or "no"])
     use = facts["run_would_use"]
     rows.append(["run would use", f"{use['backend']}: {use['reason']}"])
     console.print_table(["DEVICE", "VALUE"], rows)

@@ -153,7 +153,9 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
     from localinfer.server.loading import Loader, pooled
     from localinfer.server.pool import Pool
     pooled_fit, budget, overhead = pooled(fit)
-    loader = Loader(pooled_fit, parallel, queue, use_cache=use_cache, report=reporter(),
+    # A model is fitted more than once (planned, then loaded): each of its notes is said once.
+    loader = Loader(pooled_fit, parallel, queue, use_cache=use_cache,
+                    report=replace(reporter(), notify=_once(console.note)),
                     log=console.error, **load)
     for model in models:            # pulled now (unless --offline), as `serve MODEL` always did
         loader.plan(model)
@@ -180,6 +182,16 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
                    on_exit=served.close)
     finally:
         pool.close()
+
+
+def _once(say):
+    said: set[str] = set()
+
+    def say_once(line: str) -> None:
+        if line not in said:
+            said.add(line)
+            say(line)
+    return say_once
 
 
 def _uses_template(session) -> bool:

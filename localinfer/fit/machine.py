@@ -51,9 +51,13 @@ def _gpu_facts() -> dict:
     """llama.cpp's devices as its registry reports them, the GPU drivers loaded here, and the
     command that rebuilds the engine for a GPU it cannot use (None when there is none)."""
     from localinfer.backends.llama import devices as llama_devices
+    from localinfer.backends.llama import rpc
     from localinfer.fit import gpu
     found = llama_devices.devices()
+    has_rpc = rpc.supported()
     return {"devices": [d.as_dict() for d in found],
+            "rpc": {"supported": has_rpc, "workers": list(rpc.requested()),
+                    "hint": None if has_rpc or not found else gpu.this_rebuild_hint(found, rpc=True)},
             "placement": gpu.placement_rule(found, apple_silicon=machine.is_apple_silicon()),
             "gpu_hardware": [h.what for h in
                              gpu.present(apple_silicon=machine.is_apple_silicon())],

@@ -50,8 +50,8 @@ def test_help_runs_and_fetches_nothing(name, tmp_path):
 
 # -- without the hardware ---------------------------------------------------------------------------
 def engine_has_gpu() -> bool:
-    import llama_cpp
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    from localinfer.backends.llama.devices import has_local_gpu
+    return has_local_gpu()
 
 
 def has_npu() -> bool:
@@ -115,6 +115,8 @@ CHEAPEST = {
     "bench_priority.py": ("smollm2", "--batch", "4", "--tries", "2", "--parallel", "2"),
     "bench_prompt_cache.py": ("--reps", "1", "--tokens", "300", "--prefix", "200"),
     "bench_quantize.py": ("{SMOL}", "--types", "Q4_0", "--rounds", "1", "--threads", "2"),
+    "bench_rpc.py": ("smollm2", "--workers", "1", "--rounds", "1", "-p", "32", "-n", "8",
+                     "--chunks", "1"),
     "bench_serve.py": ("smollm2", "--streams", "1", "2", "--rounds", "1", "-n", "8"),
     "bench_speculative.py": ("8", "1"),
     "bench_structured.py": ("{SMOL}", "--rounds", "1", "--tokens", "32", "--llama-server"),
@@ -125,6 +127,7 @@ CHEAPEST = {
     "llama_tools.py": TOOLS,                       # all built by then: it names them
     "npu_check.py": ("smollm2", "--device", "cpu", "--no-bench", "--tokens", "16", "--gen", "4"),
     "onnx_quality.py": ("smollm2", "--tokens", "32", "--ctx", "64", "--chunks", "1"),
+    "openai_fleet.py": ("--here", "smollm2", "--serves", "1", "--requests", "4"),
     "openvino_check.py": ("--tiny", "llama"),
     "soak_serve.py": ("smollm2", "gemma-3-270m", "--requests", "16"),
 }
@@ -132,7 +135,12 @@ CHEAPEST = {
 VERDICTS = {"bench_mlx.py": {0, 1}, "gpu_check.py": {0, 1}, "openvino_check.py": {0, 1},
             "bench_pool.py": {0, 1}, "bench_priority.py": {0, 1}, "soak_serve.py": {0, 1}}
 RUN_BY = {"openvino_runner.py": "openvino_check.py"}   # a child a script runs in its own venv
-NEEDS = {"gpu_check.py": engine_has_gpu,
+def engine_has_rpc() -> bool:
+    from localinfer.backends.llama import rpc
+    return rpc.supported()
+
+
+NEEDS = {"gpu_check.py": engine_has_gpu, "bench_rpc.py": engine_has_rpc,
          "bench_mlx.py": lambda: importlib.util.find_spec("mlx") is not None}
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from localinfer.backends import Backend, LoadOptions
 # The module, not its function: `from localinfer.backends.llama.engine import engine` here would
 # make the package's attribute `engine` the function, and `from ...llama import engine` with it.
+from localinfer.backends.llama import devices
 from localinfer.backends.llama import engine as bindings
 from localinfer.machine import is_apple_silicon
 
@@ -41,7 +42,9 @@ def describe() -> dict:
     lib = bindings.engine()
     return {
         "version": bindings.engine_version(),
-        "gpu_offload": bool(lib.llama_supports_gpu_offload()),
+        # not llama_supports_gpu_offload(): that counts the RPC backend as a GPU
+        "gpu_offload": devices.has_local_gpu(),
+        "rpc": bool(lib.llama_supports_rpc()),
         "mmap": bool(lib.llama_supports_mmap()),
         "system_info": lib.llama_print_system_info().decode().strip(),
         "metal": is_apple_silicon(),

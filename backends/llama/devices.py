@@ -69,17 +69,9 @@ class Offload:
         return {"offload": [self.gpu_layers, *self.devices, *moe]}
 
 
-def engine_ggml():
-    """ggml's functions as libllama reaches them: looked up through libllama's own handle, so in
-    the libggml it was linked with. Not by loading libggml.so from its folder: a wheel cannot hold
-    symlinks, so libggml.so and the libggml.so.0 libllama loads are two copies of one file, two
-    libraries with two device registries, and a worker registered in one is not in the other."""
-    from llama_cpp import llama_cpp
-    return llama_cpp._lib
-
-
 class _Registry:
     def __init__(self) -> None:
+        from localinfer.backends.llama.engine import engine_ggml
         ggml = engine_ggml()
 
         def bind(name, restype, *argtypes):
@@ -137,6 +129,11 @@ def devices() -> list[Device]:
         return read_registry()
     except (ImportError, OSError, AttributeError):
         return []
+
+
+def has_local_gpu() -> bool:
+    """Whether the engine has a GPU of this machine to offload to (RPC workers are not one)."""
+    return any(d.is_gpu and d.backend != "RPC" for d in devices())
 
 
 def offload_targets(found: list[Device]) -> list[Device]:

@@ -72,3 +72,12 @@ def engine_version() -> str:
     """llama-cpp-python's version: part of what a prompt-cache entry and a verdict are keyed on."""
     from importlib.metadata import version
     return version("llama-cpp-python")
+
+
+def engine_ggml():
+    """ggml's functions as libllama reaches them: looked up through libllama's own handle, so in
+    the libggml it was linked with. Not by loading libggml.so from its folder: a wheel cannot hold
+    symlinks, so libggml.so and the libggml.so.0 libllama loads are two copies of one file, two
+    libraries with two device registries, and a worker registered in one is not in the other."""
+    from llama_cpp import llama_cpp
+    return llama_cpp._lib

@@ -20,8 +20,10 @@ _GGML_F16 = 1
 
 
 def _gpu_build() -> bool:
-    from localinfer.backends.llama.engine import engine    # the bindings, loaded on first use
-    return bool(engine().llama_supports_gpu_offload())
+    """A build with a GPU backend that sees a GPU. Not llama_supports_gpu_offload(): that is true
+    of any build with the RPC backend, whose workers compute with the CPU's kernels."""
+    from localinfer.backends.llama.devices import has_local_gpu
+    return has_local_gpu()
 
 
 def kv_cache_types(options: LoadOptions) -> tuple[int, int]:

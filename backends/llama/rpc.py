@@ -149,7 +149,7 @@ class _Ggml:
     """The registry and abort functions of the libggml beside the libllama that was loaded."""
 
     def __init__(self) -> None:
-        from localinfer.backends.llama.devices import engine_ggml
+        from localinfer.backends.llama.engine import engine_ggml
         ggml = base = engine_ggml()
         p = ctypes.c_void_p
         self.reg_by_name = ctypes.CFUNCTYPE(p, ctypes.c_char_p)(("ggml_backend_reg_by_name", ggml))

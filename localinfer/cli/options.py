@@ -208,9 +208,8 @@ def gpu_layers_option():
 
 def rpc_option():
     return typer.Option(None, "--rpc", metavar="HOST:PORT,...", callback=check_rpc,
-                        rich_help_panel=BACKEND, help="Compute on these `localinfer worker`s "
-                        "too (llama.cpp RPC; or LOCALINFER_RPC): the layers are spread over them "
-                        "and this machine by memory, and the fit counts theirs.")
+                        rich_help_panel=BACKEND, help="Also compute on these `localinfer "
+                        "worker`s (or LOCALINFER_RPC): layers spread by memory.")
 
 
 def check_rpc(value: str | None) -> str | None:

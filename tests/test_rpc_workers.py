@@ -104,7 +104,7 @@ def test_greedy_text_over_one_and_two_workers_is_the_local_text(workers, draft):
         spread = answer("--draft", draft, "--rpc", addresses, "-v")
         assert spread.stdout == local
         placed = [line for line in spread.stderr.splitlines() if line.startswith("layers: ")]
-        assert all(f"on RPC" in placed[0] and w.address in placed[0] for w in used), placed
+        assert all("on RPC" in placed[0] and w.address in placed[0] for w in used), placed
         assert "placed over the workers" in spread.stderr
 
 

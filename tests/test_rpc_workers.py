@@ -108,14 +108,24 @@ def test_greedy_text_over_one_and_two_workers_is_the_local_text(workers, draft):
         assert "placed over the workers" in spread.stderr
 
 
-def test_gemma_perplexity_over_workers_is_within_half_a_percent(workers):
-    def perplexity(*args: str) -> float:
-        result = run_cli("eval", GEMMA, "--chunks", "2", "--json", "--offline", *args)
+def test_gemma_perplexity_over_workers_is_local_on_the_same_kernels(workers):
+    """A worker's buffers are never repacked (no RPC device offers CPU_REPACK), so the spread run
+    equals, to every digit, the local run with repacking off (the path an AMX machine takes). The
+    default local run differs from both by what the repacked kernels change (docs/distributed.md:
+    -0.51% to +0.57% at 1-4 chunks, with or without workers)."""
+    def perplexity(*args: str, repack: bool = True) -> float:
+        patch = "" if repack else \
+            "import localinfer.backends.llama.session as s; s.uses_weight_buffers = lambda: False\n"
+        code = (patch + "import sys; from localinfer.cli.app import main\n"
+                f"sys.argv = ['localinfer', *{list(args)!r}]; main()")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)},
+                                stdin=subprocess.DEVNULL, timeout=600)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)["perplexity"]
-    local = perplexity()
-    spread = perplexity("--rpc", ",".join(w.address for w in workers))
-    assert abs(spread / local - 1) < 0.005, (spread, local)
+    args = ("eval", GEMMA, "--chunks", "1", "--json", "--offline")
+    spread = perplexity(*args, "--rpc", ",".join(w.address for w in workers))
+    assert spread == perplexity(*args, repack=False)
 
 
 def test_map_and_bench_spread_over_the_workers(workers, tmp_path):

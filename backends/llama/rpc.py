@@ -205,6 +205,11 @@ def requested() -> tuple[str, ...]:
     return _requested
 
 
+def in_use() -> bool:
+    """Whether workers of this process are in ggml's registry (llama.cpp places layers on them)."""
+    return bool(_connected)
+
+
 def connect() -> list[Worker]:
     """Put the requested workers into ggml's registry (once): each probed first, so a worker that
     is down, busy or of another version is one WorkerError and never a ggml abort."""

@@ -18,7 +18,7 @@ from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama.engine import engine, engine_version, init_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label
 from localinfer.backends.llama import rpc
-from localinfer.backends.llama.overrides import ExpertOverrides
+from localinfer.backends.llama.overrides import CpuOverrides
 from localinfer.backends.llama.threads import attach_shared_pool
 from localinfer.backends.llama.vocab import GGUFVocabulary
 from localinfer.errors import ContextOverflow, LocalinferError, ModelLoadError
@@ -44,9 +44,11 @@ class LlamaCppSession(GGUFVocabulary):
         # The fit's placement (or --gpu-layers); llama.cpp's own default puts every layer on the GPU.
         mparams.n_gpu_layers = max(-1, min(options.gpu_layers, 2 ** 31 - 1))
         mparams.use_extra_bufts = uses_weight_buffers()
-        # The fit's (or --cpu-moe's) experts kept in host memory; read during the load, kept
-        # with the model all the same.
-        self._overrides = ExpertOverrides(options.cpu_moe) if options.cpu_moe > 0 else None
+        # The fit's (or --cpu-moe's) experts kept in host memory, and with RPC workers the output
+        # layer (overrides.OUTPUT_PATTERN); read during the load, kept with the model all the same.
+        remote = rpc.in_use() and options.gpu_layers != 0
+        self._overrides = CpuOverrides(max(options.cpu_moe, 0), output=remote) \
+            if options.cpu_moe > 0 or remote else None
         if self._overrides is not None:
             mparams.tensor_buft_overrides = self._overrides.address
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)

@@ -154,7 +154,9 @@ def _over_workers(facts: memory.ModelFacts, request: memory.Request, est: memory
         devices.append(spread.Device("this Mac's GPU", machine.metal_working_set, budget_.ram))
     elif machine.vram_free:
         devices.append(spread.Device("the GPU", machine.vram_free, budget_.vram))
-    cpu_fixed = est.required - int(total * per_layer)
+    # With workers the output layer stays here (backends/llama/overrides.py), as a layer's worth;
+    # its share on the last device is counted there too: the fit errs on the safe side.
+    cpu_fixed = est.required - int(total * per_layer) + (0 if unified else int(per_layer))
     if unified or gpu_layers is not None:
         chosen = spread.spread(total if unified else min(gpu_layers, total), devices,
                                per_layer, compute)

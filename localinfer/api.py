@@ -48,16 +48,21 @@ class _Setup:
 def load(model: str, *, quant: str = "auto", ctx: int = 0, backend: str = "auto",
          memory: str | None = None, kv_type: str | None = None, gpu_layers: str | int = "auto",
          threads: int = 0, offline: bool = False, cpu_moe: str | int = "auto",
-         notify: Callable[[str], None] | None = None) -> Model:
+         rpc: str | None = None, notify: Callable[[str], None] | None = None) -> Model:
     """Resolve, pull, fit and load a model as `localinfer run MODEL` would (same options, same
     refusals, as exceptions). `ctx` 0 sizes the context to each prompt; `memory` is a budget such
     as "6GB"; `cpu_moe` keeps a mixture of experts' experts of that many layers in RAM (auto:
-    as the GPU needs); `notify` hears the notes `run` writes to stderr."""
+    as the GPU needs); `rpc` names `localinfer worker`s as --rpc does ("host:50052,..."): once
+    connected they stay in this process's llama.cpp, and later loads use them too; `notify`
+    hears the notes `run` writes to stderr."""
     if threads < 0:
         raise UsageError(f"threads must be 0 (automatic) or more, not {threads}")
     if ctx < 0:
         raise UsageError(f"ctx must be 0 (automatic) or more, not {ctx}")
     loading.check_backend(backend)
+    if rpc:
+        from localinfer.backends.llama import rpc as workers
+        workers.request(workers.parse_endpoints(rpc, "rpc"))
     fit = FitOptions(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory,
                      gpu_layers=gpu_layers_count(gpu_layers), offline=offline,
                      cpu_moe=cpu_moe_count(cpu_moe))

@@ -226,7 +226,8 @@ def test_a_gpu_with_too_little_free_memory_gets_some_layers(models_home, small_g
     offload = json.loads(out)["offload"]
     assert offload == {"gpu_layers": fitted.gpu_layers, "cpu_layers": 31 - fitted.gpu_layers,
                        "layers": 31, "engine_has_gpu": True, "cpu_moe_layers": 0,
-                       "gpu_devices": ["CUDA0 (Fake RTX with 60 MB free)"]}
+                       "gpu_devices": ["CUDA0 (Fake RTX with 60 MB free)"],
+                       "device_layers": {"CUDA0 (Fake RTX with 60 MB free)": fitted.gpu_layers}}
     assert f"layers: {fitted.gpu_layers} of 31 on the GPU (CUDA0 (Fake RTX" in err
 
 

@@ -213,3 +213,16 @@ print(json.dumps(found))
                             env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)}, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [[1, 15_000]]
+
+
+def test_the_python_api_takes_workers_too(workers):
+    """localinfer.load(..., rpc=...) as --rpc (in a process of its own: the workers stay in its
+    llama.cpp for good)."""
+    code = (f"import localinfer\n"
+            f"with localinfer.load({SMOLLM!r}, rpc={workers[0].address!r}, offline=True) as m:\n"
+            f"    print(m.generate({PROMPT!r}, temperature=0, max_tokens=40), end='')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)},
+                            stdin=subprocess.DEVNULL, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == answer().stdout.rstrip("\n")

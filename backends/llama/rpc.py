@@ -12,8 +12,9 @@ line naming it and exit 1 (`_on_abort`); and the sockets ggml opened are given k
 user timeout, so that a machine that vanishes without closing them is noticed in seconds rather
 than never (`harden_sockets`).
 
-llama-cpp-python binds none of this: the functions come from the libggml beside its libllama,
-the RPC ones through the registry's proc address, as llama.cpp's tools find them.
+llama-cpp-python binds none of this: the functions are looked up through libllama's own handle
+(engine.engine_ggml), the RPC ones through the registry's proc address, as llama.cpp's tools find
+them.
 """
 
 from __future__ import annotations
@@ -150,13 +151,13 @@ class _Ggml:
 
     def __init__(self) -> None:
         from localinfer.backends.llama.engine import engine_ggml
-        ggml = base = engine_ggml()
+        ggml = engine_ggml()          # libllama's handle: its libggml and libggml-base
         p = ctypes.c_void_p
         self.reg_by_name = ctypes.CFUNCTYPE(p, ctypes.c_char_p)(("ggml_backend_reg_by_name", ggml))
         self.reg_proc = ctypes.CFUNCTYPE(p, p, ctypes.c_char_p)(
             ("ggml_backend_reg_get_proc_address", ggml))
         self.register = ctypes.CFUNCTYPE(None, p)(("ggml_backend_register", ggml))
-        self.set_abort = ctypes.CFUNCTYPE(p, p)(("ggml_set_abort_callback", base))
+        self.set_abort = ctypes.CFUNCTYPE(p, p)(("ggml_set_abort_callback", ggml))
 
     def rpc_function(self, name: str, prototype):
         reg = self.reg_by_name(b"RPC")

@@ -93,8 +93,9 @@ def test_each_worker_holds_no_more_than_it_offers():
     for workers in [(3, 40), (12, 12, 12), (1.5, 60)]:
         m = machine(20, *workers)
         placed = place(m)
-        devices = [spread.Device(n, f, b) for (n, f), b in zip(m.workers, rules.budget(m).workers)]
-        chosen = spread.spread(placed.gpu_layers, devices, 0, 0)   # shares as llama.cpp makes them
+        devices = [spread.Device(n, f, b, 0)
+                   for (n, f), b in zip(m.workers, rules.budget(m).workers)]
+        chosen = spread.spread(placed.gpu_layers, devices, 0)   # shares as llama.cpp makes them
         per_layer = (LLAMA_70B.file_size + memory.estimate(
             LLAMA_70B, memory.Request(4096, kv_type="f16")).kv_cache) / placed.layers
         for device, share in zip(devices, chosen.shares):

@@ -226,3 +226,19 @@ def test_the_python_api_takes_workers_too(workers):
                             stdin=subprocess.DEVNULL, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout == answer().stdout.rstrip("\n")
+
+
+def test_the_prompt_cache_over_workers_is_cold_equals_warm(workers, tmp_path):
+    """The KV state saved from the workers' buffers and restored into them gives the cold text,
+    which is the local text."""
+    from helpers import home_with
+    home = home_with(tmp_path, models=True)
+    story = " ".join(f"Line {i}: the dragon counted {i * 7} loaves of bread." for i in range(40))
+    args = ("run", SMOLLM, f"Summarize this in one sentence: {story}", "--temp", "0", "-n", "32",
+            "--offline", "--json", "--draft", "none")
+    local = json.loads(run_cli(*args, home=home).stdout)
+    cold, warm = (json.loads(run_cli(*args, "--rpc", workers[0].address, home=home).stdout)
+                  for _ in range(2))
+    assert cold["offload"]["device_layers"] and cold["cached_tokens"] == 0
+    assert warm["cached_tokens"] > 100
+    assert warm["text"] == cold["text"] == local["text"]

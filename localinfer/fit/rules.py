@@ -148,20 +148,22 @@ def _over_workers(facts: memory.ModelFacts, request: memory.Request, est: memory
     per_layer = (facts.file_size + est.kv_cache) / total
     compute = gpu_compute(facts, request)
     unified = machine.metal_working_set is not None
-    devices = [spread.Device(f"worker {name}", free, held)
+    # A worker's compute buffer holds no logits: the output layer stays here (overrides.py).
+    on_worker = memory._activations(facts, request)
+    devices = [spread.Device(f"worker {name}", free, held, on_worker)
                for (name, free), held in zip(machine.workers, budget_.workers)]
     if unified:      # llama.cpp offloads every layer; the Metal GPU's share is held in the RAM
-        devices.append(spread.Device("this Mac's GPU", machine.metal_working_set, budget_.ram))
+        devices.append(spread.Device("this Mac's GPU", machine.metal_working_set, budget_.ram,
+                                     compute))
     elif machine.vram_free:
-        devices.append(spread.Device("the GPU", machine.vram_free, budget_.vram))
+        devices.append(spread.Device("the GPU", machine.vram_free, budget_.vram, compute))
     # With workers the output layer stays here (backends/llama/overrides.py), as a layer's worth;
     # its share on the last device is counted there too: the fit errs on the safe side.
     cpu_fixed = est.required - int(total * per_layer) + (0 if unified else int(per_layer))
     if unified or gpu_layers is not None:
-        chosen = spread.spread(total if unified else min(gpu_layers, total), devices,
-                               per_layer, compute)
+        chosen = spread.spread(total if unified else min(gpu_layers, total), devices, per_layer)
     else:
-        chosen = spread.choose(total, devices, per_layer, compute, cpu_fixed=cpu_fixed,
+        chosen = spread.choose(total, devices, per_layer, cpu_fixed=cpu_fixed,
                                ram=budget_.ram, gpu_first=bool(machine.vram_free))
     n_workers = len(machine.workers)
     remote_layers = sum(chosen.shares[:n_workers])

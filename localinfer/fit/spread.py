@@ -23,6 +23,7 @@ class Device:
     name: str          # "worker 10.0.0.2:50052", "the GPU"
     free: int          # what it reports: llama.cpp's split weighs by this
     budget: int        # what the fit lets it hold (free less headroom)
+    compute: int       # the compute buffer it reserves once it holds a layer
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,10 @@ class Spread:
     overfull: str = ""             # the first device that cannot hold its share, in words
 
 
-def spread(n: int, devices: Sequence[Device], per_layer: float, compute: int) -> Spread:
+def spread(n: int, devices: Sequence[Device], per_layer: float) -> Spread:
     """What each device holds with `n` layers offloaded, and the first that cannot."""
     shares = llama_shares(n, [d.free for d in devices])
-    held = [int(s * per_layer) + (compute if s else 0) for s in shares]
+    held = [int(s * per_layer) + (d.compute if s else 0) for d, s in zip(devices, shares)]
     overfull = ""
     for device, share, size in zip(devices, shares, held):
         if size > device.budget:
@@ -46,7 +47,7 @@ def spread(n: int, devices: Sequence[Device], per_layer: float, compute: int) ->
     return Spread(n, tuple(shares), tuple(held), overfull)
 
 
-def choose(total: int, devices: Sequence[Device], per_layer: float, compute: int, *,
+def choose(total: int, devices: Sequence[Device], per_layer: float, *,
            cpu_fixed: int, ram: int, gpu_first: bool) -> Spread:
     """The offloaded count for an automatic fit: every device holding its share, the CPU the
     rest (`cpu_fixed` bytes besides its layers, `ram` its budget), and as near as that allows to
@@ -54,10 +55,10 @@ def choose(total: int, devices: Sequence[Device], per_layer: float, compute: int
     that leaves the least in RAM, to say how much more it needs."""
     def cpu_fits(n: int) -> bool:
         return cpu_fixed + (total - n) * per_layer <= ram
-    fitting = [s for s in (spread(n, devices, per_layer, compute) for n in range(total + 1))
+    fitting = [s for s in (spread(n, devices, per_layer) for n in range(total + 1))
                if not s.overfull]
     if not fitting:
-        return spread(0, devices, per_layer, compute)
+        return spread(0, devices, per_layer)
     if gpu_first:
         target = total
     else:

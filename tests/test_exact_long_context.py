@@ -16,7 +16,7 @@ from helpers import load_file, prompt_tokens
 from test_prompt_cache import _generate, _prompts, _store
 
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama import session as llama_cpp, kv as llama_kv
+from localinfer.backends.llama import session as llama_cpp, kv as llama_kv, steer
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel
@@ -113,16 +113,41 @@ def test_probe_finds_exact_batches_at_long_positions(variants, model):
 
 
 def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
-    # f16 K and V (llama.cpp's default) put one-token steps past 256 tokens on the KV-split flash
-    # attention kernel: no batch is exact there, and the probe must say so (1 = no drafting).
+    # f16 K and V (llama.cpp's default) without the steered backend put one-token steps past 256
+    # tokens on the KV-split flash attention kernel: no batch is exact there, and the probe must
+    # say so (1 = no drafting). The same cache steered (the default here) stays exact.
+    monkeypatch.setattr(steer, "available", lambda: False)
     monkeypatch.setitem(llama_kv._GGML_KV_TYPES, "f16", (1, 1))
     loaded = load_file(smollm_path, OPTIONS)
     try:
+        assert loaded.session.kv_type == "f16"       # not steered, so keyed apart from steered
         tokens = exactness.probe_tokens(loaded.session)
         assert exactness.probe(loaded.session, tokens[:exactness.SHORT_PREFIX + 16]) == 8
         assert exactness.probe(loaded.session, tokens) == 1
     finally:
         loaded.session.close()
+
+
+def test_steered_steps_equal_batch_rows_where_unsteered_ones_do_not(smollm_path):
+    """The mechanism itself: on one f16/f16 context, single steps past 512 cells equal the rows
+    of a batch while the CPU backend is steered, and differ from them while it is not."""
+    session = llama_cpp.LlamaCppSession(smollm_path, OPTIONS)
+    assert session.kv_type == "f16/f16+ref" and session._kv_types == (1, 1)
+    toks = session.tokenize(DOC[:4000], special=False)
+    try:
+        def steps_vs_batch() -> float:
+            session.reset()
+            session.eval(toks[:600])
+            ref = [session.eval([t]).copy() for t in toks[600:604]]
+            session.trim(600)
+            rows = session.eval(toks[600:604], logits="all")
+            return max(float(abs(rows[i] - ref[i]).max()) for i in range(4))
+        assert steps_vs_batch() == 0.0
+        session._steer.rows = lambda n: None          # leave the backend as a prefill left it
+        session._steer._set(session._steer._backend, False)
+        assert steps_vs_batch() > 0.0
+    finally:
+        session.close()
 
 
 # Found 2026-12-02: on this Intel Xeon (AMX) the f16-K case of Gemma 3's Q4_0 file parts warm
@@ -136,50 +161,50 @@ FLAKY_F16K_GEMMA_Q4_0 = pytest.mark.xfail(strict=False, reason="f16-K warm resto
 @pytest.mark.parametrize("model", ["smollm-Q8_0", "gemma-Q4_0",
                                    pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("smollm-Q4_0", marks=EXHAUSTIVE)])
-@pytest.mark.parametrize("long_prompt", [False, True], ids=["bf16-k", "f16-k"])
-def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, long_prompt, tmp_path,
-                                                         request):
-    """Both 16-bit caches: bf16 K (short prompts) and f16 K (a long prompt's, tiled prefill)."""
-    if long_prompt and model == "gemma-Q4_0":
+@pytest.mark.parametrize("cache", ["steered", "bf16-k", "f16-k"])
+def test_prompt_cache_cold_equals_warm_on_quantized_types(variants, model, cache, tmp_path,
+                                                         request, monkeypatch):
+    """Every 16-bit cache: f16/f16 on the steered backend (the default), and where it cannot be
+    steered bf16 K (short prompts) and f16 K (a long prompt's, tiled prefill)."""
+    if cache == "f16-k" and model == "gemma-Q4_0":
         request.applymarker(FLAKY_F16K_GEMMA_Q4_0)
+    if cache != "steered":
+        monkeypatch.setattr(steer, "available", lambda: False)
     session = llama_cpp.LlamaCppSession(variants[model],
-                                        LoadOptions(n_ctx=2048, long_prompt=long_prompt))
+                                        LoadOptions(n_ctx=2048, long_prompt=cache == "f16-k"))
     try:
+        assert (session._steer is not None) == (cache == "steered")
         prompt, _ = _prompts(session)           # 1,100 tokens and more: past the switch
         store = _store(session, tmp_path)
         cold, _ = _generate(session, store, prompt, n=24)
-        warm, cache = _generate(session, store, prompt, n=24)
-        assert cache.last_event.hit
+        warm, cache_ = _generate(session, store, prompt, n=24)
+        assert cache_.last_event.hit
         assert warm == cold
     finally:
         session.close()
 
 
-# -- a long prompt: f16 K for the fast prefill, and then no inexact drafts -------------------------
+# -- a long prompt: the tiled prefill, and drafts that stay exact ---------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("label", ["smollm", "gemma",
                                    pytest.param("smollm-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q8_0", marks=EXHAUSTIVE),
                                    pytest.param("smollm-Q4_0", marks=EXHAUSTIVE),
                                    pytest.param("gemma-Q4_0", marks=EXHAUSTIVE)])
-def test_a_long_prompt_prefills_with_f16_k_and_stays_exact(variants, label, tmp_path):
-    """A prompt past LONG_PROMPT_BYTES loads a f16/f16 cache (ggml's tiled kernel prefills it
-    several times faster); the probe then finds its batches past 256 cells unlike single steps,
-    so `--draft auto` decodes without drafts and answers as `--draft none` does. A short prompt
-    keeps K in bf16 and drafts."""
+def test_a_long_prompt_prefills_with_f16_k_and_drafts_exactly(variants, label, tmp_path):
+    """A prompt past LONG_PROMPT_BYTES, through the CLI with no flags: an f16/f16 cache (ggml's
+    tiled kernel prefills it), drafts verified in chunks of more than one past 256 cells, and
+    `--draft auto` answers as `--draft none` does. The document is copied, so lookup drafts."""
     from helpers import run_cli
     from localinfer.engine.prompt import LONG_PROMPT_BYTES
     doc = DOC[:LONG_PROMPT_BYTES + 200]
     outputs = {}
     for draft in ("none", "auto"):
-        result = run_cli("run", str(variants[label]), "Go on with the text above.", "--raw",
-                         "-n", "24", "--temp", "0", "--draft", draft, "-vv", "--no-cache",
+        result = run_cli("run", str(variants[label]), "\n\n" + doc[:300], "--raw",
+                         "-n", "48", "--temp", "0", "--draft", draft, "-vv", "--no-cache",
                          input=doc, home=tmp_path, timeout=600)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "K (f16)" in result.stderr and "K (bf16)" not in result.stderr
         outputs[draft] = result.stdout
     assert outputs["auto"] == outputs["none"]
-    assert "verify chunk ≤ 1" in result.stderr
-    short = run_cli("run", str(variants[label]), DOC[:400], "--raw", "-n", "4", "--temp", "0",
-                    "-vv", "--no-cache", home=tmp_path)
-    assert short.returncode == 0 and "K (bf16)" in short.stderr, short.stderr[-2000:]
+    assert "verify chunk ≤ 1 " not in result.stderr and "drafted 0 " not in result.stderr

@@ -55,6 +55,7 @@ class SequenceBatch:
         if not 0 < n <= self.n_batch:
             raise LocalinferError(f"a batch of {n} tokens (1 to {self.n_batch} fit)")
         batch.n_tokens = n
+        self.session.steer_rows(n)
         rc = lib.llama_decode(self.session._ctx, batch)
         if rc != 0:
             raise LocalinferError(f"llama_decode failed with code {rc}"

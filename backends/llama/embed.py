@@ -85,8 +85,8 @@ class _EmbeddingContext(LlamaCppSession):
         # the decode), and f16 K would let batches of 64 rows or more take the tiled kernel, whose
         # sums moved vectors by 8e-3 from a lone input's on SmolLM2 (docs/embeddings.md).
         cparams.flash_attn_type = 1      # LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cparams.type_k, cparams.type_v = kv_cache_types(replace(options, kv_type="f16",
-                                                                long_prompt=False))
+        cparams.type_k, cparams.type_v = kv_cache_types(
+            replace(options, kv_type="f16", long_prompt=False), steered=False)
         return lib.llama_init_from_model(self._model, cparams)
 
     def _new_batch(self, size: int):

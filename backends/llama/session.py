@@ -16,8 +16,8 @@ import numpy as np
 from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
 from localinfer.backends.llama.engine import engine, engine_version, init_engine
-from localinfer.backends.llama.kv import kv_cache_types, kv_label
-from localinfer.backends.llama import rpc
+from localinfer.backends.llama.kv import kv_cache_types, kv_label, kv_path, steers
+from localinfer.backends.llama import rpc, steer
 from localinfer.backends.llama.overrides import CpuOverrides
 from localinfer.backends.llama.threads import attach_shared_pool
 from localinfer.backends.llama.vocab import GGUFVocabulary
@@ -37,7 +37,6 @@ class LlamaCppSession(GGUFVocabulary):
         # would abort the process on, before llama.cpp sees the file.
         check_model(path)
         self._path, self._options = path, options
-        self.kv_type = kv_label(options)    # part of the exactness probe's key
         log = init_engine(options.verbose)
         rpc.connect()           # the workers asked for: devices llama.cpp's selection takes
         mparams = lib.llama_model_default_params()
@@ -63,10 +62,12 @@ class LlamaCppSession(GGUFVocabulary):
         self._sync_logits = self.offload.gpu_layers > 0
         trained = lib.llama_model_n_ctx_train(self._model)
         n_ctx = context_length(options.n_ctx, trained)
-        self._ctx = self._new_context(options, n_ctx)
+        self._ctx = self._steered_context(options, n_ctx)
         if not self._ctx:
             self.close()     # frees the model, once: __del__ calls close() again
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {log.last_error()}")
+        self.kv_type = kv_label(options, self._steer is not None)   # in the exactness probe's key
+        self.kv_path = kv_path(self._kv_types, self._steer is not None)  # what `bench` reports
         self.threadpool = attach_shared_pool(self._ctx, self.n_threads)   # address, or None
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.n_batch = lib.llama_n_batch(self._ctx)
@@ -80,7 +81,21 @@ class LlamaCppSession(GGUFVocabulary):
         self._row0_view: np.ndarray | None = None    # see _last_logits
 
     # -- loading ---------------------------------------------------------------------------------
-    def _new_context(self, options: LoadOptions, n_ctx: int):
+    def _steered_context(self, options: LoadOptions, n_ctx: int):
+        """A context with the steered f16/f16 cache where it can be had (steer.py), else the
+        cache kv.py keeps without steering."""
+        self._steer = None
+        if steers(options):
+            ctx = self._new_context(options, n_ctx, steered=True)
+            backend = steer.find(ctx) if ctx else None
+            if backend is not None:
+                self._steer = steer.Steer(backend)
+                return ctx
+            if ctx:
+                engine().llama_free(ctx)
+        return self._new_context(options, n_ctx, steered=False)
+
+    def _new_context(self, options: LoadOptions, n_ctx: int, *, steered: bool):
         lib = engine()
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -101,7 +116,7 @@ class LlamaCppSession(GGUFVocabulary):
         # to a long one.
         cparams.n_seq_max = options.n_seq
         cparams.kv_unified = options.n_seq > 1
-        cparams.type_k, cparams.type_v = kv_cache_types(options)
+        self._kv_types = cparams.type_k, cparams.type_v = kv_cache_types(options, steered)
         # Flash attention, always: the kernels that read a quantized V cache, and the ones whose
         # row-by-row path is batch-invariant (see kv.py).
         cparams.flash_attn_type = 1    # LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -156,11 +171,17 @@ class LlamaCppSession(GGUFVocabulary):
         if want_all and n > 1:
             self._row0_view = None       # more output rows than before may move the output buffer
         batch.n_tokens = n
+        self.steer_rows(n)
         self._unsure = True
         rc = engine().llama_decode(self._ctx, batch)
         if rc != 0:     # left unsure: a failed decode may have kept some of its cells
             raise LocalinferError(f"llama_decode failed with code {rc} at position {pos}")
         self._n_past, self._unsure = pos + n, False
+
+    def steer_rows(self, n: int) -> None:
+        """Before a decode of n rows: the kernels a graph that tall takes (steer.py)."""
+        if self._steer is not None:
+            self._steer.rows(n)
 
     def _last_logits(self) -> np.ndarray:
         """Logits of a decode that output one row, as a view into llama.cpp's output buffer.
@@ -218,7 +239,8 @@ class LlamaCppSession(GGUFVocabulary):
         return {"backend": "llama.cpp", "engine": engine_version(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
-                "kv_types": list(kv_cache_types(self._options)), "swa_full": True,
+                "kv_types": list(self._kv_types), "steered": self._steer is not None,
+                "swa_full": True,
                 **self.offload.identity()}
 
     def restore(self, blob: bytes, n_past: int) -> None:

@@ -83,6 +83,8 @@ def bench(
     console.note(f"{result['model']} on {result['backend']}, {result['threads']} threads, "
                  f"{counted(result['repetitions'], 'run')} (median, min–max)")
     say_offload(loaded)
+    if result["kv_path"]:
+        console.note(f"as `run` takes a {result['n_prompt']}-token prompt: {result['kv_path']}")
     rows = []
     for label, key, unit in ((f"prefill pp{result['n_prompt']}", "prefill_tps", "t/s"),
                              (f"decode tg{result['n_gen']}", "decode_tps", "t/s"),

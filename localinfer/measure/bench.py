@@ -44,6 +44,7 @@ def measure(loaded: LoadedModel, *, n_prompt: int, n_gen: int, repetitions: int,
         "model": loaded.ref.display, "path": str(loaded.path), "backend": loaded.backend,
         "threads": _threads(loaded), "n_prompt": n_prompt, "n_gen": n_gen,
         "repetitions": repetitions, "load_s": round(loaded.load_s, 4),
+        "kv_path": getattr(session, "kv_path", None),
         "prefill_tps": _summary(prefill), "decode_tps": _summary(decode), "ttft_s": _summary(ttft),
     }
 

@@ -15,9 +15,12 @@ Steps:
 2. For every GGUF model given, run ``llama-bench -p 512 -n 128`` and
    ``localinfer bench`` back to back with the same threads and repetitions,
    alternating the two for several rounds so machine noise hits both sides.
+   ``--prompts 128,450,2048`` measures prefill at each of those lengths
+   (``localinfer bench -p N`` once per length: the path ``run`` takes for a
+   prompt that long).
 3. Print a markdown table (or JSON with ``--json``) of prompt processing
-   (pp512) and generation (tg128) tokens/s and the localinfer/llama-bench
-   ratio.  Both sides report the median of all their per-repetition samples
+   (pp512, or each length asked) and generation (tg128) tokens/s and the
+   localinfer/llama-bench ratio.  Both sides report the median of all their per-repetition samples
    (llama-bench's ``samples_ts``).
 
 Usage:
@@ -170,7 +173,8 @@ def wheel_lib_env() -> dict:
 
 def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds: int,
                 env: dict | None = None, llama_bench_args: tuple[str, ...] = (),
-                localinfer_args: tuple[str, ...] = ()) -> list[dict]:
+                localinfer_args: tuple[str, ...] = (),
+                prompts: tuple[int, ...] = (N_PROMPT,)) -> list[dict]:
     """Run both benchmarks on one model, alternating for several rounds; one row per test.
 
     Alternating the two tools spreads the load of a shared, noisy machine over both sides. Two
@@ -180,11 +184,15 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
     """
     theirs: dict[str, list[list[float]]] = {}
     ours: dict[str, list[list[float]]] = {}
-    llama_bench_cmd = [str(llama_bench), "-m", str(model), "-p", str(N_PROMPT), "-n", str(N_GEN),
-                       "-t", str(threads), "-r", str(reps), "-o", "json", *llama_bench_args]
-    localinfer_cmd = [sys.executable, "-m", "localinfer", "bench", str(model),
-                      "--threads", str(threads), "--repetitions", str(reps), "--json",
-                      *localinfer_args]
+    llama_bench_cmd = [str(llama_bench), "-m", str(model), "-p", ",".join(map(str, prompts)),
+                       "-n", str(N_GEN), "-t", str(threads), "-r", str(reps), "-o", "json",
+                       *llama_bench_args]
+    # One `localinfer bench` per length, as `run` loads for a prompt that long; the decode test
+    # once (the others decode 2 tokens, not counted).
+    localinfer_cmds = [[sys.executable, "-m", "localinfer", "bench", str(model), "-p", str(n),
+                        "-n", str(N_GEN if i == 0 else 2), "--threads", str(threads),
+                        "--repetitions", str(reps), "--json", *localinfer_args]
+                       for i, n in enumerate(prompts)]
 
     def run_theirs() -> None:
         data = run_json(llama_bench_cmd, f"llama-bench on {model.name}", env)
@@ -192,9 +200,11 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
             theirs.setdefault(test, []).append(samples)
 
     def run_ours() -> None:
-        data = run_json(localinfer_cmd, f"localinfer bench on {model.name}")
-        for test, samples in parse_localinfer(data).items():
-            ours.setdefault(test, []).append(samples)
+        for i, cmd in enumerate(localinfer_cmds):
+            data = run_json(cmd, f"localinfer bench on {model.name}")
+            for test, samples in parse_localinfer(data).items():
+                if test.startswith("pp") or i == 0:
+                    ours.setdefault(test, []).append(samples)
 
     for round_no in range(rounds):
         # Swap which tool goes first every round, so a machine that speeds up or slows down
@@ -202,7 +212,7 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
         for step in (run_theirs, run_ours) if round_no % 2 == 0 else (run_ours, run_theirs):
             step()
     rows = []
-    for test in (test_name(N_PROMPT, 0), test_name(0, N_GEN)):
+    for test in (*(test_name(n, 0) for n in prompts), test_name(0, N_GEN)):
         if test not in theirs or test not in ours:
             raise BenchError(f"{test} missing from the results for {model.name}")
         their_all = [v for samples in theirs[test] for v in samples]
@@ -300,12 +310,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="more llama-bench options, one string: e.g. '-fa 1 -ctk bf16 -ctv f16' "
                              "for localinfer's short-prompt cache, '--repack 0' on a CPU with AMX "
                              "(docs/speed.md)")
+    parser.add_argument("--prompts", type=_lengths, default=(N_PROMPT,), metavar="N,N,...",
+                        help=f"prefill lengths to measure (default: {N_PROMPT})")
     parser.add_argument("--json", action="store_true",
                         help="print the figures as JSON instead of a table")
     args = parser.parse_args(argv)
     if not args.models and not args.build_only:
         parser.error("give at least one GGUF model, or --build-only")
     return args
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of lengths: {text!r}") from None
+    if not lengths or min(lengths) < 1 or len(set(lengths)) != len(lengths):
+        raise argparse.ArgumentTypeError(f"lengths must be positive and distinct: {text!r}")
+    return lengths
 
 
 def run(args: argparse.Namespace) -> None:
@@ -323,7 +345,8 @@ def run(args: argparse.Namespace) -> None:
     for model in args.models:
         rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions, args.rounds,
                                 wheel_lib_env() if args.wheel_libs else None,
-                                llama_bench_args=tuple(shlex.split(args.llama_bench_args))))
+                                llama_bench_args=tuple(shlex.split(args.llama_bench_args)),
+                                prompts=args.prompts))
     machine = machine_info(args.threads, args.repetitions, args.rounds, version,
                            "the wheel's" if args.wheel_libs else "its own build")
     if args.json:

@@ -20,10 +20,11 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 
 
 def _printed(*args: str, input: str | None = None) -> str:
-    """What `localinfer run` prints, less the newline it adds to end the answer's line."""
-    result = run_cli("run", *args, input=input)
+    """The answer `localinfer run` gives, as its --json says (the printed answer gains a newline
+    only where it does not end in one, so the text alone cannot be told from it)."""
+    result = run_cli("run", *args, "--json", input=input)
     assert result.returncode == 0, result.stderr
-    return result.stdout.removesuffix("\n")
+    return json.loads(result.stdout)["text"]
 
 
 def test_import_loads_no_engine_and_no_terminal_library():

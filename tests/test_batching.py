@@ -24,9 +24,10 @@ def test_free_prompts_go_in_full_batches_whose_last_is_never_short(start, n, exp
 
 def test_rigid_prompts_cut_at_checkpoints_and_at_the_tail():
     # A sliding-window model with a 512-token window and a prompt that outgrows it.
-    assert batch_ends(0, 1100, 512, window=512) == [256, 512, 768, 1024, 1088, 1100]
-    assert snapshot_ends(0, 1100, 512, window=512) == [256, 512, 768, 1024, 1088]
-    assert batch_ends(320, 1100, 512, window=512) == [512, 768, 1024, 1088, 1100]
+    assert batch_ends(0, 1100, 512, window=512) == [512, 1024, 1088, 1100]
+    assert snapshot_ends(0, 1100, 512, window=512) == [512, 1024, 1088]
+    assert batch_ends(320, 1100, 512, window=512) == [512, 1024, 1088, 1100]
+    assert batch_ends(0, 1100, 256, window=512) == [256, 512, 768, 1024, 1088, 1100]
     # Within the window the same model is cut like any other.
     assert batch_ends(0, 500, 512, window=512) == [500]
     assert snapshot_ends(0, 500, 512, window=512) == [500]

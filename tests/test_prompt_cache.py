@@ -167,7 +167,7 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
 
 def _longest_entry(store: PromptCache) -> Path:
-    # Gemma 3 keeps an entry every 256 tokens too; the longest one is the one a rerun restores.
+    # Gemma 3 keeps an entry every 512 tokens too; the longest one is the one a rerun restores.
     return max(store.dir.glob("*.kv"), key=lambda p: p.stat().st_size)
 
 

@@ -2,9 +2,9 @@
 
 Plain and speculative runs alternate on the same loaded model (A B A B …), so a machine whose load
 changes during the benchmark slows both alike; we report medians and check that the greedy outputs
-are identical. Two tasks: one grounded in its input (the output copies from the prompt, where
-drafting pays) and one open-ended (where guesses are mostly rejected and adaptivity must hold the
-line).
+are identical. Three tasks grounded in their input, where the output copies from the prompt and
+drafting pays (a rewrite, an extraction, a code edit), and one open-ended, where guesses are mostly
+rejected and adaptivity must hold the line.
 """
 
 from __future__ import annotations
@@ -23,13 +23,31 @@ from localinfer.speculate.drafters import Drafter
 PARAGRAPH = ("The quick brwon fox jumpd over the lazzy dog. It was a sunny day and the birds wer "
              "singing in the trees. Evry morning the fox went to the river to drink watter, and "
              "evry evening it came back to its den under the old oak tree.")
+MESSAGE = ("Hi all, the review moved to Thursday. Please confirm with Maria Lopez "
+           "(maria.lopez@example.org) or Tom Becker (tom.becker@example.org). Anna Smith "
+           "(anna.smith@example.org) brings the slides, and Omar Haddad (omar.haddad@example.org) "
+           "books the room. Questions go to Lena Park (lena.park@example.org).")
+CODE = ("def summarize(orders):\n"
+        "    total = 0\n"
+        "    for order in orders:\n"
+        "        if order.paid:\n"
+        "            total += order.amount\n"
+        "    average = total / len(orders) if orders else 0\n"
+        "    return {\"total\": total, \"average\": average, \"count\": len(orders)}\n")
 CHAT_TASKS = {
-    "grounded": f"Fix the typos in this paragraph and write it out again:\n\n{PARAGRAPH}",
+    "rewrite": f"Fix the typos in this paragraph and write it out again:\n\n{PARAGRAPH}",
+    "extract": ("List every person in this message with their email address, one per line as "
+                f"Name <email>:\n\n{MESSAGE}"),
+    "code edit": ("Rename the variable total to paid_total in this Python function and write the "
+                  f"whole function out again:\n\n```python\n{CODE}```"),
     "open": "Write a short story about a robot who learns to paint.",
 }
-# Base models continue text: a copy task written as a completion, and a story opening.
+# Base models continue text: the same tasks written as completions, and a story opening.
 BASE_TASKS = {
-    "grounded": (f"Original: {PARAGRAPH}\nCopy without changes: The quick brwon fox jumpd over"),
+    "rewrite": (f"Original: {PARAGRAPH}\nCopy without changes: The quick brwon fox jumpd over"),
+    "extract": f"Message: {MESSAGE}\n\nEvery person and email address in the message:\n- Maria",
+    "code edit": (f"Before:\n```python\n{CODE}```\n\nAfter renaming total to paid_total:\n"
+                  "```python\ndef summarize(orders):\n"),
     "open": "Once upon a time, in a small village by the mountains,",
 }
 GREEDY = SamplingParams(temperature=0)

@@ -43,7 +43,8 @@ class LoadOptions:
     gpu_layers: int = -1          # layers on the GPU (output layer counted): -1 all, 0 none
     cpu_moe: int = 0              # layers whose expert tensors stay in host memory (fit/moe.py)
     long_prompt: bool = False     # the first eval is a long prefill: llama.cpp's 16-bit cache
-                                  # takes f16 K for the tiled attention kernel (llama/kv.py)
+                                  # takes f16 K for the tiled attention kernel where the
+                                  # CPU backend cannot be steered (llama/kv.py)
     n_seq: int = 1                # KV sequences in the context (llama/batched.py: one per request)
 
 

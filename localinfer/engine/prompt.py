@@ -129,9 +129,10 @@ REPLY_TOKENS = 1024
 # prefix, and the special tokens (BOS, EOS) a template writes, rendered as empty text for the bound.
 _SPECIAL_SLACK = 16
 _MAX_CUTS = 8
-# A prompt of this many bytes (~512 tokens of English) loses more to the exact 16-bit cache's slow
-# prefill than speculation can win back: it loads with LoadOptions.long_prompt (f16 K, tiled
-# attention, no drafts past 256 cells). Measured in docs/speculative-decoding.md.
+# Where the CPU backend cannot be steered (backends/llama/kv.py), a prompt of this many bytes (~512
+# tokens of English) loses more to the bf16-K cache's slow prefill than speculation can win back:
+# it loads with LoadOptions.long_prompt (f16 K, tiled attention, no drafts past 256 cells).
+# Measured in docs/speculative-decoding.md. A steered backend needs no such rule.
 LONG_PROMPT_BYTES = 2048
 LONG_PROMPT_TOKENS = LONG_PROMPT_BYTES // 4   # the same bound for `bench`'s prompts of token ids
 

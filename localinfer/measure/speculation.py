@@ -61,13 +61,26 @@ def tasks_for(loaded: LoadedModel) -> dict[str, list[int]]:
     return {name: raw_tokens(session, text) for name, text in BASE_TASKS.items()}
 
 
+def long_task(loaded: LoadedModel, document: str) -> list[int]:
+    """A long grounded prompt: a document (2,000 tokens and more) and its last paragraph to
+    copy, as a chat request or, for a base model, as a completion."""
+    session = loaded.session
+    last = document.rstrip().rsplit("\n\n", 1)[-1]
+    if uses_chat_template(session, raw=False):
+        request = f"{document}\n\nWrite out the last paragraph of the text above word for word."
+        return chat_tokens(session, [{"role": "user", "content": request}])
+    return raw_tokens(session, f"{document}\n\nThe last paragraph again:\n{last[:40]}")
+
+
 def measure(loaded: LoadedModel, drafter: Drafter, *, n_gen: int, repetitions: int,
             max_draft: int = 8, adaptive: bool = True,
-            progress: Callable[[str], None] | None = None) -> dict:
+            progress: Callable[[str], None] | None = None,
+            tasks: dict[str, list[int]] | None = None) -> dict:
+    """`tasks`: prompts (tokens) by name; tasks_for's by default."""
     cache = KVCache(loaded.session)
     chunk = choose.exact_chunk(loaded)
     results = {}
-    for name, prompt in tasks_for(loaded).items():
+    for name, prompt in (tasks or tasks_for(loaded)).items():
         plain, spec, identical, last = [], [], True, None
         for rep in range(repetitions + 1):          # rep 0 warms up and is not counted
             a = _run(loaded, cache, prompt, None, n_gen, max_draft, chunk, adaptive)

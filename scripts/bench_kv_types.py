@@ -33,7 +33,11 @@ class Session(llama_cpp.LlamaCppSession):
 
     k, v, flash = "f16", "f16", True
 
-    def _new_context(self, options: LoadOptions, n_ctx: int):
+    def _steered_context(self, options: LoadOptions, n_ctx: int):
+        self._steer = None              # llama.cpp's kernels as each cache type gets them
+        return self._new_context(options, n_ctx, steered=False)
+
+    def _new_context(self, options: LoadOptions, n_ctx: int, *, steered: bool):
         lib = llama_cpp.engine()
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, options.n_batch, options.n_batch
@@ -41,7 +45,7 @@ class Session(llama_cpp.LlamaCppSession):
         self.n_threads = llama_cpp.default_threads()
         params.n_threads = params.n_threads_batch = self.n_threads
         params.swa_full = True
-        params.type_k, params.type_v = TYPES[self.k], TYPES[self.v]
+        self._kv_types = params.type_k, params.type_v = TYPES[self.k], TYPES[self.v]
         params.flash_attn_type = 1 if self.flash else 0
         return lib.llama_init_from_model(self._model, params)
 

@@ -21,8 +21,9 @@ _ONE = """
 import sys, time
 from pathlib import Path
 from localinfer.backends import LoadOptions
-from localinfer.backends.llama import session as llama_cpp
+from localinfer.backends.llama import session as llama_cpp, steer
 from localinfer.measure import quality
+steer.available = lambda: False     # the two caches of a backend that cannot be steered (kv.py)
 model, f16_k, lengths = Path(sys.argv[1]), sys.argv[2] == "f16", [int(n) for n in sys.argv[3:]]
 session = llama_cpp.LlamaCppSession(model, LoadOptions(n_ctx=8192, long_prompt=f16_k))
 tokens = session.tokenize(quality.default_text() * 3, special=False)

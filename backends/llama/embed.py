@@ -61,7 +61,9 @@ class _EmbeddingContext(LlamaCppSession):
         detach_pool(self._ctx)
         self.threadpool = None
 
-    def _new_context(self, options: LoadOptions, n_ctx: int):
+    def _steered_context(self, options: LoadOptions, n_ctx: int):
+        """Never steered: the bf16 K cache keeps every row of every input off the tiled kernel."""
+        self._steer = None
         lib = engine()
         self.pooling = pooling_of(self.metadata, self.architecture)
         if self.pooling == RANK:
@@ -85,7 +87,7 @@ class _EmbeddingContext(LlamaCppSession):
         # the decode), and f16 K would let batches of 64 rows or more take the tiled kernel, whose
         # sums moved vectors by 8e-3 from a lone input's on SmolLM2 (docs/embeddings.md).
         cparams.flash_attn_type = 1      # LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cparams.type_k, cparams.type_v = kv_cache_types(
+        self._kv_types = cparams.type_k, cparams.type_v = kv_cache_types(
             replace(options, kv_type="f16", long_prompt=False), steered=False)
         return lib.llama_init_from_model(self._model, cparams)
 

@@ -97,6 +97,13 @@ def test_a_model_not_in_the_store_is_one_line(tmp_path):
     assert_one_line(done, 1, "error:")
 
 
+@pytest.mark.parametrize("lengths", ["0,128", "128,128", "12x"])
+def test_bad_prompt_lengths_are_one_line(lengths):
+    done = script("bench_vs_llama_bench.py", "--prompts", lengths, "model.gguf")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "--prompts" in lines[-1] and done.stdout == ""
+
+
 # -- opt-in: the cheapest real run of each, in one fresh cache --------------------------------------
 # {SMOL}: the SmolLM2 file of the test store. Each is the smallest run that still takes every
 # step of the script's real one (builds, venvs, exports, both sides of each comparison).
@@ -122,7 +129,8 @@ CHEAPEST = {
     "bench_structured.py": ("{SMOL}", "--rounds", "1", "--tokens", "32", "--llama-server"),
     "bench_thinking.py": ("smollm2", "-n", "16", "--rounds", "1"),
     "bench_tools.py": ("smollm2", "--rounds", "1", "--tokens", "64", "--no-hermes"),
-    "bench_vs_llama_bench.py": ("{SMOL}", "--rounds", "1", "-r", "1", "-t", "2", "--wheel-libs"),
+    "bench_vs_llama_bench.py": ("{SMOL}", "--rounds", "1", "-r", "1", "-t", "2", "--wheel-libs",
+                                "--prompts", "64,128"),
     "gpu_check.py": ("{SMOL}", "--rounds", "1", "-r", "1"),
     "llama_tools.py": TOOLS,                       # all built by then: it names them
     "npu_check.py": ("smollm2", "--device", "cpu", "--no-bench", "--tokens", "16", "--gen", "4"),

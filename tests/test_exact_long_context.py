@@ -130,8 +130,10 @@ def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
 
 def test_steered_steps_equal_batch_rows_where_unsteered_ones_do_not(smollm_path):
     """The mechanism itself: on one f16/f16 context, single steps past 512 cells equal the rows
-    of a batch while the CPU backend is steered, and differ from them while it is not."""
-    session = llama_cpp.LlamaCppSession(smollm_path, OPTIONS)
+    of a batch while the CPU backend is steered, and differ from them while it is not. Two
+    threads: the KV-split kernel then cuts the 768 cells in view into two chunks of 384, and the
+    604 filled cells span both (with one chunk its arithmetic is the row-by-row one's)."""
+    session = llama_cpp.LlamaCppSession(smollm_path, LoadOptions(n_ctx=4096, n_threads=2))
     assert session.kv_type == "f16/f16+ref" and session._kv_types == (1, 1)
     toks = session.tokenize(DOC[:4000], special=False)
     try:

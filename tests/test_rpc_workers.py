@@ -1,10 +1,12 @@
 """A model spread over real `localinfer worker`s on loopback (issue 30).
 
 Each worker is the product's own command in its own process, running llama.cpp's RPC server from
-the same build; the client commands run as users run them. SmolLM2 (Q4_1) computes the same kernels
-on a worker as here (Q4_1 is never repacked), so its greedy text is compared for equality; Gemma's
-Q4_K weights are repacked here but not in a worker's buffers, so its check is perplexity within
-0.5% (docs/distributed.md).
+the same build; the client commands run as users run them. A worker's CPU backend is not steered
+from here, so a run with workers keeps the bf16-K cache (backends/llama/kv.py) and is compared with
+a local run on that cache (`local`). SmolLM2 (Q4_1) then computes the same kernels on a worker as
+here (Q4_1 is never repacked), so its greedy text is compared for equality; Gemma's Q4_K weights
+are repacked here but not in a worker's buffers, so its perplexity is compared with a local run with
+repacking off as well (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -61,6 +63,28 @@ def answer(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
+UNSTEERED = "import localinfer.backends.llama.steer as steer; steer.available = lambda: False\n"
+UNREPACKED = ("import localinfer.backends.llama.session as s; "
+              "s.uses_weight_buffers = lambda: False\n")
+
+
+def local(*args: str, patches: str = UNSTEERED, input: str | None = None,
+          home=MODELS_HOME) -> subprocess.CompletedProcess:
+    """The CLI run here on the kernels a worker runs: the steered backend off (its cache is then
+    the one a run with workers keeps), and whatever else `patches` turns off."""
+    code = (patches + "import sys; from localinfer.cli.app import main\n"
+            f"sys.argv = ['localinfer', *{list(args)!r}]; main()")
+    result = subprocess.run([sys.executable, "-c", code], input=input, capture_output=True,
+                            text=True, env={**os.environ, "LOCALINFER_HOME": str(home)},
+                            stdin=None if input is not None else subprocess.DEVNULL, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def local_answer(*args: str) -> str:
+    return local("run", SMOLLM, PROMPT, "--temp", "0", "-n", "40", "--offline", *args).stdout
+
+
 def test_a_worker_says_in_one_line_where_it_listens_and_what_it_offers():
     worker = Worker("--memory", "300MB")
     try:
@@ -98,11 +122,11 @@ def test_devices_lists_each_worker_with_its_memory(workers):
 
 @pytest.mark.parametrize("draft", ["none", "auto"])
 def test_greedy_text_over_one_and_two_workers_is_the_local_text(workers, draft):
-    local = answer("--draft", draft).stdout
+    here = local_answer("--draft", draft)
     for used in (workers[:1], workers):
         addresses = ",".join(w.address for w in used)
         spread = answer("--draft", draft, "--rpc", addresses, "-v")
-        assert spread.stdout == local
+        assert spread.stdout == here
         placed = [line for line in spread.stderr.splitlines() if line.startswith("layers: ")]
         assert all("on RPC" in placed[0] and w.address in placed[0] for w in used), placed
         assert "placed over the workers" in spread.stderr
@@ -111,29 +135,20 @@ def test_greedy_text_over_one_and_two_workers_is_the_local_text(workers, draft):
 def test_gemma_perplexity_over_workers_is_local_on_the_same_kernels(workers):
     """A worker's buffers are never repacked (no RPC device offers CPU_REPACK), so the spread run
     equals, to every digit, the local run with repacking off (the path an AMX machine takes). The
-    default local run differs from both by what the repacked kernels change (docs/distributed.md:
-    -0.51% to +0.57% at 1-4 chunks, with or without workers)."""
-    def perplexity(*args: str, repack: bool = True) -> float:
-        patch = "" if repack else \
-            "import localinfer.backends.llama.session as s; s.uses_weight_buffers = lambda: False\n"
-        code = (patch + "import sys; from localinfer.cli.app import main\n"
-                f"sys.argv = ['localinfer', *{list(args)!r}]; main()")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)},
-                                stdin=subprocess.DEVNULL, timeout=600)
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)["perplexity"]
+    default local run differs from both by what the repacked kernels and its steered f16-K cache
+    change (docs/distributed.md)."""
     args = ("eval", GEMMA, "--chunks", "1", "--json", "--offline")
-    spread = perplexity(*args, "--rpc", ",".join(w.address for w in workers))
-    assert spread == perplexity(*args, repack=False)
+    spread = local(*args, "--rpc", ",".join(w.address for w in workers), patches="")
+    here = local(*args, patches=UNSTEERED + UNREPACKED)
+    assert json.loads(spread.stdout)["perplexity"] == json.loads(here.stdout)["perplexity"]
 
 
 def test_map_and_bench_spread_over_the_workers(workers, tmp_path):
     lines = "red\ngreen\n"
     args = ("map", SMOLLM, "Name a fruit that is {}.", "-n", "12", "--temp", "0", "--offline")
-    local = run_cli(*args, input=lines)
+    here = local(*args, input=lines)
     spread = run_cli(*args, "--rpc", workers[0].address, input=lines)
-    assert spread.returncode == 0 and spread.stdout == local.stdout != ""
+    assert spread.returncode == 0 and spread.stdout == here.stdout != ""
     bench = run_cli("bench", SMOLLM, "--json", "-p", "64", "-n", "16", "-r", "1", "--offline",
                     "--rpc", workers[0].address)
     assert bench.returncode == 0, bench.stderr
@@ -143,14 +158,14 @@ def test_map_and_bench_spread_over_the_workers(workers, tmp_path):
 
 def test_serve_answers_with_layers_on_a_worker(workers):
     from openai import OpenAI
-    local = answer().stdout
+    here = local_answer()
     proc, url = start_server(SMOLLM, "--rpc", workers[1].address)
     try:
         client = OpenAI(base_url=url + "/v1", api_key="none")
         reply = client.chat.completions.create(
             model=SMOLLM, messages=[{"role": "user", "content": PROMPT}], max_tokens=40,
             temperature=0)
-        assert reply.choices[0].message.content == local.strip()
+        assert reply.choices[0].message.content == here.strip()
         busy = run_cli("run", SMOLLM, PROMPT, "--offline", "--rpc", workers[1].address,
                        timeout=60)    # the worker serves the server: one client at a time
         assert busy.returncode == 1
@@ -225,20 +240,20 @@ def test_the_python_api_takes_workers_too(workers):
                             env={**os.environ, "LOCALINFER_HOME": str(MODELS_HOME)},
                             stdin=subprocess.DEVNULL, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == answer().stdout.rstrip("\n")
+    assert result.stdout == local_answer().rstrip("\n")
 
 
 def test_the_prompt_cache_over_workers_is_cold_equals_warm(workers, tmp_path):
     """The KV state saved from the workers' buffers and restored into them gives the cold text,
-    which is the local text."""
+    which is the local text on the same cache."""
     from helpers import home_with
     home = home_with(tmp_path, models=True)
     story = " ".join(f"Line {i}: the dragon counted {i * 7} loaves of bread." for i in range(40))
     args = ("run", SMOLLM, f"Summarize this in one sentence: {story}", "--temp", "0", "-n", "32",
             "--offline", "--json", "--draft", "none")
-    local = json.loads(run_cli(*args, home=home).stdout)
+    here = json.loads(local(*args, home=home).stdout)
     cold, warm = (json.loads(run_cli(*args, "--rpc", workers[0].address, home=home).stdout)
                   for _ in range(2))
     assert cold["offload"]["device_layers"] and cold["cached_tokens"] == 0
     assert warm["cached_tokens"] > 100
-    assert warm["text"] == cold["text"] == local["text"]
+    assert warm["text"] == cold["text"] == here["text"]

@@ -69,13 +69,13 @@ def _joined(chunks) -> tuple[str, str, str]:
 
 
 def test_the_trace_comes_apart_from_the_answer(served):
-    reply = _ask(served, "thinking", max_tokens=30)
+    reply = _ask(served, "thinking", max_tokens=24)    # the answer alone takes ~20 tokens
     message = reply.choices[0].message
     trace = message.model_extra["reasoning_content"]
     assert trace and message.model_extra["reasoning"] == trace
     assert message.content and "<think>" not in message.content + trace
     assert "</think>" not in message.content + trace
-    assert reply.usage.completion_tokens == 30 and reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 24 and reply.choices[0].finish_reason == "length"
 
 
 def test_the_stream_adds_up_to_the_whole_reply(served):

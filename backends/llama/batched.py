@@ -55,7 +55,10 @@ class SequenceBatch:
         if not 0 < n <= self.n_batch:
             raise LocalinferError(f"a batch of {n} tokens (1 to {self.n_batch} fit)")
         batch.n_tokens = n
-        self.session.steer_rows(n)
+        # Kernels as each piece would get decoded alone, so that a request's text does not hang
+        # on what it shares a batch with: a tall graph made of short pieces stays on the
+        # reference kernels (steer.py), as each of those pieces would alone.
+        self.session.steer_rows(max(len(piece.tokens) for piece in pieces))
         rc = lib.llama_decode(self.session._ctx, batch)
         if rc != 0:
             raise LocalinferError(f"llama_decode failed with code {rc}"

@@ -118,6 +118,7 @@ CHEAPEST = {
     "bench_onnx.py": ("smollm2", "--rounds", "1", "-p", "32", "-n", "8", "-r", "1"),
     "bench_onnx_genai.py": ("smollm2", "--rounds", "1", "-p", "32", "-n", "8", "-r", "1"),
     "bench_pool.py": ("smollm2", "gemma-3-270m", "--turns", "2", "--ctx", "512"),
+    "bench_prefill_inprocess.py": ("{SMOL}", "--tokens", "64", "--rounds", "1"),
     "bench_prefill_kv.py": ("{SMOL}", "--lengths", "64"),
     "bench_priority.py": ("smollm2", "--batch", "4", "--tries", "2", "--parallel", "2"),
     "bench_prompt_cache.py": ("--reps", "1", "--tokens", "300", "--prefix", "200"),

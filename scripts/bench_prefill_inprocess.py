@@ -22,6 +22,8 @@ from pathlib import Path
 import common  # scripts/common.py
 from bench_vs_llama_bench import cpu_model
 
+from localinfer.errors import LocalinferError
+
 
 def positive(text: str) -> int:
     value = int(text) if text.isdigit() else 0
@@ -45,7 +47,7 @@ class LlamaBenchContext:
         params.no_perf = True
         self.ctx = lib.llama_init_from_model(session._model, params)
         if not self.ctx:
-            raise SystemExit(f"cannot make a {n + 128}-token context for {session._path.name}")
+            raise LocalinferError(f"cannot make a context of {n + 128} tokens")
         attach_shared_pool(self.ctx, threads)
         self.batch = lib.llama_batch_init(n, 0, 1)
         for i, token in enumerate(prompt):
@@ -78,7 +80,8 @@ def measure(model: Path, n: int, rounds: int, threads: int) -> dict:
     from localinfer.backends.llama.session import LlamaCppSession
     from localinfer.engine.kv import KVCache
     session = LlamaCppSession(model, LoadOptions(n_ctx=n + 18, n_threads=threads))
-    prompt = [int(t) for t in np.random.default_rng(0).integers(100, 20_000, n)]
+    # llama-bench's prompt: token ids drawn from the whole vocabulary (an id past it is an error)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, session.n_vocab, n)]
     cache, raw = KVCache(session), LlamaBenchContext(session, prompt, threads)
 
     def ours() -> None:
@@ -110,7 +113,10 @@ def main() -> None:
           "| median of round ratios |")
     print("|---|---|---:|---:|---:|---:|")
     for model in args.models:
-        got = measure(model, args.tokens, args.rounds, args.threads)
+        try:
+            got = measure(model, args.tokens, args.rounds, args.threads)
+        except LocalinferError as exc:          # not a model llama.cpp can load: one line
+            sys.exit(f"bench_prefill_inprocess.py: {model.name}: {exc}")
         ours, theirs = statistics.median(got["ours"]), statistics.median(got["llama_bench"])
         per_round = statistics.median(x / y for x, y in zip(got["ours"], got["llama_bench"]))
         print(f"| {model.name} | {got['path']} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.3f} "

@@ -159,9 +159,9 @@ def test_steered_steps_equal_batch_rows_where_unsteered_ones_do_not(smollm_path)
 # A known defect of the unsteered f16-K cache (the fallback where the backend cannot be steered)
 # on a sliding-window model: Gemma 3's warm run can part from its cold one. Found 2026-12-02 on the
 # Intel Xeon for Q4_0 (in some runs, not others); 2026-12-03 on the AMD EPYC for Q6_K in every run
-# with 2 threads and in none with 1; Q8_0 in one of two runs; Q4_0, Q5_K_M, Q3_K_M and Q2_K passed. A step past 512
-# cells takes the KV-split kernel there, which cuts the cells in view into one chunk per thread,
-# and a restored sliding-window state holds fewer cells than the cold one (it leaves out those
+# with 2 threads and in none with 1; Q8_0 in one of two runs; Q4_0, Q5_K_M, Q3_K_M and Q2_K
+# passed. A step past 512 cells takes the KV-split kernel there, which cuts the cells in view into
+# one chunk per thread, and a restored sliding-window state holds fewer cells than the cold one (it leaves out those
 # outside the window, engine/batching.py), so the chunks and their rounding differ (read from the
 # code, not yet confirmed). The steered and bf16-K caches pass on every type.
 FLAKY_F16K_GEMMA = pytest.mark.xfail(strict=False, reason="f16-K warm restore of Gemma 3 can part "

@@ -44,21 +44,52 @@ _DURATION = re.compile(rf"([+-]?)((?:{_PART})+)")
 _SECONDS = re.compile(r"[+-]?(\d+(?:\.\d*)?|\.\d+)")
 
 
+# The longest duration a duration may say: Go's (2**63 - 1 ns, about 292 years), the longest an
+# Ollama client can mean and what Ollama itself keeps a model "for ever" with.
+MAX_DURATION_SECONDS = (2 ** 63 - 1) / 1e9
+# A duration's text is short: a longer one is refused before any pattern reads it.
+MAX_DURATION_CHARS = 64
+
+
 def parse_duration(value: str | int | float, source: str) -> float:
     """A keep-alive as Ollama reads it, in seconds: a number of seconds (300, "300"), or a Go
-    duration ("5m", "1h30m", "1.5h", "0"); any negative value means forever (math.inf).
-    `source` names the option or field it came from, for the message."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and _SECONDS.fullmatch(text := value.strip()):
+    duration ("5m", "1h30m", "1.5h", "0"); any negative value, and any past Go's longest
+    duration (MAX_DURATION_SECONDS), means forever (math.inf), so every finite answer is one a
+    timer can wait for. `source` names the option or field it came from, for the message."""
+    seconds = _seconds(value, source)
+    if seconds < 0 or seconds >= MAX_DURATION_SECONDS:
+        return math.inf
+    return seconds
+
+
+def _seconds(value, source: str) -> float:
+    """The value's seconds, finite and of any sign; a UsageError for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        # compared before any float(): an integer of thousands of digits is still a number
+        return float(max(min(value, 2 * MAX_DURATION_SECONDS), -1))
+    if isinstance(value, float):
+        seconds = value
+    elif not isinstance(value, str) or len(value) > MAX_DURATION_CHARS:
+        seconds = None
+    elif _SECONDS.fullmatch(text := value.strip()):
         seconds = float(text)
-    elif isinstance(value, str) and (match := _DURATION.fullmatch(value.strip())):
+    elif match := _DURATION.fullmatch(value.strip()):
         sign, parts = match.group(1), re.findall(_PART, match.group(2))
         seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in parts)
         seconds = -seconds if sign == "-" else seconds
     else:
-        raise UsageError(f"{source}={value!r} is not a duration; write e.g. 5m, 1h30m, 300 "
+        seconds = None
+    shown = _shown(value)
+    if seconds is None:
+        raise UsageError(f"{source}={shown} is not a duration; write e.g. 5m, 1h30m, 300 "
                          "(seconds), 0 (unload when done) or -1 (keep loaded)")
     if not math.isfinite(seconds):
-        raise UsageError(f"{source}={value!r} is not a finite duration; -1 keeps the model loaded")
-    return math.inf if seconds < 0 else seconds
+        raise UsageError(f"{source}={shown} is not a finite duration; -1 keeps the model loaded")
+    return seconds
+
+
+def _shown(value) -> str:
+    """The value as a message quotes it, cut short: a request may send megabytes of it."""
+    if isinstance(value, str) and len(value) > MAX_DURATION_CHARS:
+        return f"{value[:MAX_DURATION_CHARS]!r}... ({len(value):,} characters)"
+    return repr(value)

@@ -10,8 +10,10 @@ waiting is bounded: past `queue_limit` waiters an acquire is refused at once (`B
 that cannot fit even alone is refused with the --memory it would need (`TooLarge`).
 
 Keep-alive, as Ollama means it: an idle model is unloaded `keep_alive` seconds after its last
-lease ends (0: as soon as it ends; math.inf: never). The latest acquire's keep-alive is the model's.
-`expire()` unloads what is due; the pool's reaper thread calls it when something falls due.
+lease ends (0: as soon as it ends; math.inf: never; negative, not a number or past Go's longest
+duration, about 292 years: never, pool_state.bounded). The latest acquire's keep-alive is the
+model's. `expire()` unloads what is due; the pool's reaper thread calls it when something falls
+due, and no value it is given ends that thread.
 
 Everything is guarded by one lock, and waiting is either a thread's (`acquire`) or a coroutine's
 (`acquire_async`, for the server's event loop): each is woken by `_notify` on any change and looks
@@ -29,12 +31,15 @@ from typing import Callable, Generic, TypeVar
 
 from localinfer.errors import LocalinferError, ModelLoadError
 from localinfer.server.pool_state import (FAILED, LOADING, READY, ROOM, Busy, Entry, Need, Plan,
-                                          Status, TooLarge, expires_in, held, memory_arg, processor,
-                                          victims)
+                                          Status, TooLarge, bounded, expires_in, held, memory_arg,
+                                          processor, victims, why_unloaded)
 from localinfer.units import human_size
 
 M = TypeVar("M")
 DEFAULT_KEEP_ALIVE = 300.0      # Ollama's: five minutes
+# The reaper looks again at least this often: a long timed wait is where a huge value would
+# overflow, and nothing is lost by waking early (it waits again).
+REAP_WAKE_SECONDS = 3600.0
 
 
 class Lease(Generic[M]):
@@ -78,7 +83,7 @@ class Pool(Generic[M]):
                  log: Callable[[str], None] = lambda line: None,
                  fault: Callable[[str], None] | None = None, reaper: bool = True) -> None:
         self.budget, self.overhead, self.room = budget, overhead, budget - overhead
-        self.keep_alive, self.queue_limit = keep_alive, queue_limit
+        self.keep_alive, self.queue_limit = bounded(keep_alive), queue_limit
         self._plan, self._load, self._unload = plan, load, unload
         self._clock, self._log, self._fault = clock, log, fault or log
         self._lock = threading.Lock()
@@ -169,8 +174,8 @@ class Pool(Generic[M]):
 
     def _pin(self, entry: Entry, keep_alive) -> Lease[M]:
         entry.users += 1
-        entry.keep_alive = self.keep_alive if keep_alive is None else keep_alive
-        entry.expires_at = None
+        entry.keep_alive = self.keep_alive if keep_alive is None else bounded(keep_alive)
+        entry.expires_at, entry.stopped = None, False
         entry.last_used = self._clock()
         return Lease(self, entry)
 
@@ -271,12 +276,13 @@ class Pool(Generic[M]):
         self._fault(str(error) if entry.name in str(error) else f"{entry.name}: {error}")
 
     # -- unloading ---------------------------------------------------------------------------------
-    def _close(self, entries: list[Entry], why: str) -> None:
-        """Unload models already taken out of the pool; their memory is free once each is closed."""
+    def _close(self, entries: list[Entry], why: str | None = None) -> None:
+        """Unload models already taken out of the pool; their memory is free once each is
+        closed. `why` goes in the log (None: each entry's own reason, why_unloaded)."""
         for entry in entries:
             try:
                 self._unload(entry.model)
-                self._log(f"unloaded {entry.name} ({why})")
+                self._log(f"unloaded {entry.name} ({why or why_unloaded(entry)})")
             except Exception as e:      # noqa: BLE001 - counted as freed: the model is gone
                 self._fault(f"unloading {entry.name} failed: {e}")
             with self._lock:
@@ -293,7 +299,7 @@ class Pool(Generic[M]):
             for entry in due:
                 del self._models[entry.name]
                 self._freeing += entry.plan.need
-        self._close(due, "keep-alive ran out")
+        self._close(due)
         return [e.name for e in due]
 
     def stop(self, name: str) -> bool:
@@ -303,7 +309,7 @@ class Pool(Generic[M]):
             entry = self._models.get(name)
             if entry is None or entry.state != READY:
                 return False
-            entry.keep_alive = 0.0
+            entry.keep_alive, entry.stopped = 0.0, True
             if entry.users == 0:
                 entry.expires_at = self._clock()
             self._notify()
@@ -312,18 +318,29 @@ class Pool(Generic[M]):
         return True
 
     def _reap(self) -> None:
-        """The reaper thread: sleeps until the next expiry (or any change), then expires."""
+        """The reaper thread: sleeps until the next expiry (or any change), then expires. It
+        outlives any failure of one round: a pool whose reaper died would never unload again."""
         while True:
-            with self._lock:
-                if self._closed:
+            try:
+                if not self._reap_once():
                     return
-                due = [e.expires_at for e in self._models.values()
-                       if e.idle and e.expires_at is not None and e.expires_at < math.inf]
-                wait = min(due) - self._clock() if due else None
-                if wait is None or wait > 0:
-                    self._changed.wait(timeout=wait)
-                    continue
-            self.expire()
+            except Exception as e:      # noqa: BLE001 - said once a round, and the thread goes on
+                self._fault(f"the pool's reaper: {type(e).__name__}: {e}")
+                time.sleep(1.0)
+
+    def _reap_once(self) -> bool:
+        """One wait and, when something is due, one expiry; False once the pool is closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            due = [e.expires_at for e in self._models.values()
+                   if e.idle and e.expires_at is not None and e.expires_at < math.inf]
+            wait = min(due) - self._clock() if due else REAP_WAKE_SECONDS
+            if wait > 0:
+                self._changed.wait(timeout=min(wait, REAP_WAKE_SECONDS))
+                return True
+        self.expire()
+        return True
 
     def close(self) -> None:
         """Stop: unload every loaded model (the server has stopped answering); later acquires

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from localinfer.errors import LocalinferError
+from localinfer.units import MAX_DURATION_SECONDS
 
 # An entry's life: fitted, waiting for room, loading, loaded; or failed (its waiters get the error).
 PLANNING, ROOM, LOADING, READY, FAILED = "planning", "room", "loading", "ready", "failed"
@@ -89,10 +90,31 @@ class Entry:
     waiters: int = 0            # acquires waiting for this entry to load
     last_used: float = 0.0
     expires_at: float | None = None     # when it is unloaded if left idle; None while in use
+    stopped: bool = False               # an unload was asked for (Pool.stop), not a keep-alive
 
     @property
     def idle(self) -> bool:
         return self.state == READY and self.users == 0 and self.waiters == 0
+
+
+def bounded(seconds: float) -> float:
+    """A keep-alive the pool and its timers can count with: negative, not a number, or past the
+    longest duration (units.MAX_DURATION_SECONDS) is for ever (math.inf), as parse_duration
+    reads them; a Python caller may hand the pool any of these."""
+    try:
+        seconds = float(seconds)
+    except (OverflowError, TypeError, ValueError):
+        return math.inf
+    return seconds if 0 <= seconds < MAX_DURATION_SECONDS else math.inf
+
+
+def why_unloaded(entry: Entry) -> str:
+    """What the log says of an idle model unloaded by `expire`."""
+    if entry.stopped:
+        return "asked to: localinfer stop, or keep_alive 0 with no prompt"
+    if entry.keep_alive == 0:
+        return "its request said keep_alive 0"
+    return f"idle for its keep-alive, {entry.keep_alive:g} s"
 
 
 def expires_in(entry: Entry, now: float) -> float | None:

@@ -175,7 +175,9 @@ def _config_defaults(command, args: list[str]):
 def _fail(message: str, code: int, exc: BaseException) -> None:
     if console.debugging():
         traceback.print_exception(exc, file=sys.stderr)
-    console.error(message.splitlines()[0] if message else type(exc).__name__)
+    # The first of the lines a multi-line message of ours has; any other control character
+    # (outside text quoted in the message) is escaped by console.error, not cut at.
+    console.error(message.split("\n")[0] if message else type(exc).__name__)
     sys.exit(code)
 
 

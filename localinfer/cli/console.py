@@ -7,6 +7,7 @@ the import would cost commands such as `quantize` a few hundredths of a second.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -39,7 +40,35 @@ def stderr() -> Console:
                    soft_wrap=True)
 
 
+def clean(text: object, keep: str = "") -> str:
+    """Text from outside (a GGUF file, a server, a request) made safe to show on a terminal: each
+    character that is not printable (ESC, CR, LF, BEL, C1 controls, bidi overrides, ...) escaped
+    as Python writes it (`\\x1b`), save those in `keep`. The result is printable, so cleaning
+    it again changes nothing."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def json_text(value: object, **dumps) -> str:
+    """JSON with its non-ASCII text kept readable and every character a terminal could act on
+    (json leaves C1 controls, DEL and bidi overrides raw) written as its \\u escape: the same
+    JSON value."""
+    text = json.dumps(value, ensure_ascii=False, **dumps)
+    return "".join(c if c.isprintable() or c == "\n" else _json_escape(c) for c in text)
+
+
+def _json_escape(c: str) -> str:
+    code = ord(c)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000                 # beyond the BMP: JSON writes a surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
 def _say(message: str, style: str) -> None:
+    message = clean(message)        # names and messages from files and servers are in it
     if interactive():
         stderr().print(message, style=style, markup=False)
     else:
@@ -70,9 +99,10 @@ def error(message: str) -> None:
 
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
     """Aligned plain-text columns on stdout: readable on a terminal, easy to cut in a pipe."""
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    rows = [[clean(c) for c in row] for row in rows]     # names and values from files, servers
+    widths = [max(len(c) for c in col) for col in zip(headers, *rows)]
     for row in [headers, *rows]:
-        line = "  ".join(str(c).ljust(w) for c, w in zip(row, widths))
+        line = "  ".join(c.ljust(w) for c, w in zip(row, widths))
         sys.stdout.write(line.rstrip() + "\n")
 
 
@@ -83,13 +113,15 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int, str], None] | None]
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), console=stderr(), transient=True)
+    from rich.markup import escape
+    bar = Progress(TextColumn(escape(clean(label))), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.description}", markup=False),
+                   console=stderr(), transient=True)
     with bar:
         task = bar.add_task("", total=None)
 
         def update(done: int, total: int, name: str) -> None:
-            bar.update(task, completed=done, total=total, description=name)
+            bar.update(task, completed=done, total=total, description=clean(name))
         yield update
 
 
@@ -118,7 +150,8 @@ def byte_bar(label: str, total: int | None) -> Iterator[Callable[[int], None] | 
                 return Text(f"{decimal(int(task.completed / task.elapsed))}/s",
                             style="progress.data.speed")
             return super().render(task)
-    bar = Progress(TextColumn(label), BarColumn(), DownloadColumn(), Speed(),
+    from rich.markup import escape
+    bar = Progress(TextColumn(escape(clean(label))), BarColumn(), DownloadColumn(), Speed(),
                    TimeRemainingColumn(elapsed_when_finished=True), console=stderr())
     with bar:
         task = bar.add_task("", total=total)

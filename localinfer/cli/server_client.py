@@ -67,7 +67,9 @@ def stop(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
     base = _base(url, port)
     loaded = [m.get("name") for m in _call(base, "/api/ps")["models"] if isinstance(m, dict)]
     if model not in loaded and f"{model}:latest" not in loaded:
-        raise UsageError(f"{model} is not loaded on {base}; loaded: {', '.join(loaded) or 'none'}")
+        shown = ", ".join(console.clean(name) for name in loaded)     # the server's own names
+        raise UsageError(f"{console.clean(model)} is not loaded on {base}; loaded: "
+                         f"{shown or 'none'}")
     _call(base, "/api/generate", {"model": model, "keep_alive": 0})
 
 
@@ -120,17 +122,17 @@ def _said(error: urllib.error.HTTPError) -> str:
 
 
 def error_of(error: urllib.error.HTTPError) -> tuple[str, str | None]:
-    """The server's own message in an error reply (OpenAI's or Ollama's shape), and its code
-    where the reply has one."""
+    """The server's own message in an error reply (OpenAI's or Ollama's shape), its control
+    characters escaped, and its code where the reply has one."""
     try:
         said = json.loads(error.read()).get("error")
         if isinstance(said, dict):
-            return str(said.get("message"))[:500], said.get("code")
+            return console.clean(str(said.get("message"))[:500]), said.get("code")
         if said is not None:
-            return str(said)[:500], None
+            return console.clean(str(said)[:500]), None
     except (ValueError, AttributeError, OSError):
         pass
-    return str(error.reason)[:500], None
+    return console.clean(str(error.reason)[:500]), None
 
 
 def _processor(model: dict) -> str:

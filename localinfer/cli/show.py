@@ -8,7 +8,6 @@ paste into config.toml under [defaults.MODEL].
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from localinfer.models.refs import ModelRef
 TEMPLATE_KEY = "tokenizer.chat_template"
 # Control tokens shown as text before "... and N more"; --json lists up to gguf/tokens.py's bound.
 SHOWN_CONTROL = 24
+LAYOUT = "\n\t"     # what of a template a terminal shows as it is: its lines and indents
 
 
 def register(app: typer.Typer) -> None:
@@ -56,7 +56,7 @@ def show(
     display, path = _model_file(ref, model)
     facts = _facts(display, path, params, sections)
     if as_json:
-        sys.stdout.write(json.dumps(facts, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(console.json_text(facts, indent=2) + "\n")
     elif sections == ["template"]:
         _write_template(facts["template"])
     else:
@@ -117,9 +117,13 @@ def _tokens(path: Path, header) -> dict:
 def _write_template(template: str | None) -> None:
     if template is None:
         raise LocalinferError("this model has no chat template (`run --raw` sends text as is)")
-    sys.stdout.write(template)
-    if console.interactive(sys.stdout) and not template.endswith("\n"):
-        sys.stdout.write("\n")      # only for the eye: a pipe gets the bytes of the file
+    if not console.interactive(sys.stdout):
+        sys.stdout.write(template)  # a pipe gets the bytes of the file
+        return
+    # A terminal gets its lines, and whatever else in it a terminal would act on escaped.
+    sys.stdout.write(console.clean(template, keep=LAYOUT))
+    if not template.endswith("\n"):
+        sys.stdout.write("\n")
 
 
 def _write_parameters(params: list[tuple[str, object, str]]) -> None:
@@ -127,13 +131,13 @@ def _write_parameters(params: list[tuple[str, object, str]]) -> None:
     lines = [(f"{name} = {toml_value(value)}", source) for name, value, source in params]
     width = max((len(line) for line, _ in lines), default=0)
     for line, source in lines:
-        sys.stdout.write(f"{line.ljust(width)}  # {source}\n")
+        sys.stdout.write(f"{line.ljust(width)}  # {console.clean(source)}\n")
 
 
 def _write_all(facts: dict) -> None:
     from localinfer.gguf.header import printable
     out = sys.stdout
-    out.write(f"model  {facts['model']}\nfile   {facts['path']}\n")
+    out.write(f"model  {console.clean(facts['model'])}\nfile   {console.clean(facts['path'])}\n")
     out.write("\n# parameters: `run`'s defaults for this model (options on the command line win)\n")
     out.flush()
     _write_parameters(list((n, p["value"], p["source"]) for n, p in facts["parameters"].items()))
@@ -153,4 +157,4 @@ def _write_all(facts: dict) -> None:
     out.write("\n# template\n")
     template = facts["template"]
     out.write("(none: `run --raw` sends text as is)\n" if template is None else
-              template + ("" if template.endswith("\n") else "\n"))
+              console.clean(template, keep=LAYOUT) + ("" if template.endswith("\n") else "\n"))

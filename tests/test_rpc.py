@@ -34,6 +34,10 @@ def test_worker_addresses_are_read(text, expected):
     (":50052", "not HOST:PORT"), ("[::1]:50052", "IPv4 only"), ("fe80::1:50052", "IPv4 only"),
     ("host:0", "1 to 65535"), ("host:70000", "1 to 65535"), ("host:5x", "1 to 65535"),
     ("bad host:1", "not a host name"), ("a:1,a:1", "twice"),
+    # what the resolver's IDNA codec refuses with a UnicodeError (issue 41, item 14)
+    ("a..b:1", "not a host name"), (f"{'a' * 64}.lan:1", "not a host name"),
+    (f"{'a' * 63}.{'b' * 63}.{'c' * 63}.{'d' * 63}:1", "not a host name"),
+    ("ab-.lan:1", "not a host name"), ("host.lan.:1", "not a host name"),
     (",".join(f"h{i}:1" for i in range(17)), "at most 16"),
 ])
 def test_bad_worker_addresses_are_refused(text, says):
@@ -110,6 +114,7 @@ def test_the_worker_command_refuses_a_remote_address_without_the_flag():
 
 @pytest.mark.parametrize("args,code,says", [
     (["--host", "not-a-host.invalid"], 2, "not an IPv4 address"),
+    (["--host", "a..b"], 2, "not an IPv4 address"),
     (["--device", "NPU7"], 2, "not a device of this llama.cpp build (it has: CPU"),
     (["--memory", "lots"], 2, "--memory"),
 ])
@@ -124,3 +129,6 @@ def test_run_refuses_bad_rpc_values_in_one_line():
     assert result.returncode == 2 and "IPv4 only" in error_line(result)
     result = run_cli("run", "smollm2", "hi", env={"LOCALINFER_RPC": "gpu-box"})
     assert result.returncode == 2 and "LOCALINFER_RPC" in error_line(result)
+    result = run_cli("devices", env={"LOCALINFER_RPC": "a..b:1"})
+    assert result.returncode == 2 and "LOCALINFER_RPC: 'a..b' is not a host name" in \
+        error_line(result)

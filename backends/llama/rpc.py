@@ -41,7 +41,8 @@ ANSWER_SECONDS = 10.0
 # The protocol's commands (enum rpc_cmd) and sizes this probe uses.
 _GET_DEVICE_MEMORY, _HELLO, _DEVICE_COUNT = 11, 14, 15
 _CAPS_SIZE = 24                   # RPC_CONN_CAPS_SIZE: zeros ask for plain TCP
-_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+# One label of a host name (RFC 1123): what the resolver's IDNA step takes without an error.
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
 
 class WorkerError(LocalinferError):
@@ -77,11 +78,17 @@ def _endpoint(part: str, option: str) -> str:
     if ":" in host or host.startswith("["):
         raise UsageError(f"{option}: {part!r}: llama.cpp's RPC speaks IPv4 only; give an IPv4 "
                          "address or a host name")
-    if not _HOST.match(host):
+    if not _is_host_name(host):
         raise UsageError(f"{option}: {host!r} is not a host name or IPv4 address")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise UsageError(f"{option}: {part!r}: the port must be 1 to 65535")
     return f"{host}:{int(port)}"
+
+
+def _is_host_name(host: str) -> bool:
+    """A host name or IPv4 address: labels of 1 to 63 letters, digits and inner hyphens, 253
+    characters in all; `a..b` or a 64-character label would fail in the resolver's IDNA codec."""
+    return len(host) <= 253 and all(_LABEL.match(label) for label in host.split("."))
 
 
 def _split(endpoint: str) -> tuple[str, int]:

@@ -88,7 +88,7 @@ def _ipv4(host: str) -> str:
         pass
     try:
         return socket.gethostbyname(host)
-    except OSError:
+    except (OSError, UnicodeError):      # UnicodeError: a name IDNA refuses (`a..b`)
         raise UsageError(f"--host {host!r} is not an IPv4 address or a name of one (llama.cpp's "
                          "RPC server listens on IPv4 only)") from None
 

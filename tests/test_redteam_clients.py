@@ -156,3 +156,52 @@ def test_show_escapes_a_template_but_keeps_its_lines(hostile_gguf: Path, tmp_pat
     assert json.loads(as_json.stdout)["template"] == TEMPLATE
     piped = run_cli("show", str(hostile_gguf), "--template", home=tmp_path)
     assert piped.stdout == TEMPLATE     # a pipe gets the file's bytes
+
+
+# -- 15: the API key goes to the address given and no other ---------------------------------------
+def redirect(to: str, status: int = 302) -> Respond:
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(status)
+        h.send_header("Location", to.replace("{path}", h.path))
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    return respond
+
+
+KEY = {"LOCALINFER_API_KEY": "sk-secret"}
+PS = {"models": [{"name": "elsewhere:Q4_0", "size": 1000}]}
+COMPLETION = {"choices": [{"message": {"content": "elsewhere"}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.parametrize("command", [["ps"], ["stop", "elsewhere:Q4_0"], ["map"]])
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_redirect_to_another_origin_is_not_followed(hostile, tmp_path: Path, command, status):
+    """127.0.0.2 is another origin on the same loopback: it must never see a request."""
+    there, asked_there = hostile(json_reply(200, COMPLETION if command == ["map"] else PS),
+                                 host="127.0.0.2")
+    here, _ = hostile(redirect(there + "{path}", status))
+    args = ["map", SMOLLM, "Say {}", "--server", here] if command == ["map"] else \
+        [*command, "--url", here]
+    result = run_cli(*args, input="1\n", env=KEY, home=tmp_path)
+    assert result.returncode == 1
+    line = error_line(result)
+    assert f"redirects to {there}/" in line and "not followed" in line
+    assert asked_there == []
+
+
+def test_a_redirect_within_the_origin_is_followed_a_few_times(hostile, tmp_path: Path):
+    def respond(h: BaseHTTPRequestHandler) -> None:
+        if h.path == "/api/ps":
+            return redirect("/v2/api/ps", 308)(h)
+        if h.path == "/v2/api/ps":
+            return json_reply(200, PS)(h)
+        return redirect("/loop" + h.path)(h)     # a loop, on every other path
+    url, asked = hostile(respond)
+    shown = run_cli("ps", "--url", url, env=KEY, home=tmp_path)
+    assert shown.returncode == 0 and shown.stdout.splitlines()[1].startswith("elsewhere:Q4_0")
+    assert [a[1] for a in asked] == ["/api/ps", "/v2/api/ps"]
+    assert all(a[2].get("Authorization") == "Bearer sk-secret" for a in asked)
+    asked.clear()
+    looped = run_cli("ps", "--url", url + "/x", home=tmp_path)
+    assert looped.returncode == 1
+    assert "redirected more than 5 times" in error_line(looped) and len(asked) == 6

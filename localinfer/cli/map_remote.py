@@ -13,15 +13,12 @@ ends the run in one line. A full queue (429, other clients) is waited out.
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from localinfer.cli.server_client import KEY_ENV, error_of, server_url
+from localinfer.cli import http_client
+from localinfer.cli.server_client import server_url
 from localinfer.errors import LocalinferError, UsageError
 
 PLACEHOLDER = "{}"          # map's template: where the line goes
@@ -162,38 +159,29 @@ def answer_lines(remote: Remote, feed, parallel: int, printer) -> None:
 def _post(base: str, path: str, body: dict) -> dict:
     """The server's JSON reply; {"error": ...} for a refusal of this line alone; anything that
     would fail every line raised as one LocalinferError."""
-    data = json.dumps(body).encode()
     for _ in range(BUSY_RETRIES):
-        request = urllib.request.Request(base + path, data=data,
-                                         headers={"Content-Type": "application/json"})
-        if key := os.environ.get(KEY_ENV):
-            request.add_header("Authorization", f"Bearer {key}")
+        reply = http_client.exchange(base, path, body, timeout=ANSWER_TIMEOUT_S)
+        if reply.status == 429:
+            time.sleep(_retry_after(reply.headers))
+            continue
+        if not 200 <= reply.status < 300:
+            message, code = reply.error()
+            if reply.status in FATAL or code in LOAD_FAILED:
+                raise LocalinferError(f"{base}{path}: {reply.status} {message}")
+            return {"error": message}
         try:
-            with urllib.request.urlopen(request, timeout=ANSWER_TIMEOUT_S) as reply:
-                answer = json.loads(reply.read())
+            answer = reply.json()
             if not isinstance(answer, dict) or not answer.get("choices"):
                 raise ValueError
             return answer
-        except urllib.error.HTTPError as e:
-            message, code = error_of(e)
-            if e.code == 429:
-                time.sleep(_retry_after(e))
-                continue
-            if e.code in FATAL or code in LOAD_FAILED:
-                raise LocalinferError(f"{base}{path}: {e.code} {message}") from None
-            return {"error": message}
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise LocalinferError(f"no server answered at {base} ({reason}); is `localinfer "
-                                  "serve` running there?") from None
         except ValueError:
             raise LocalinferError(f"{base}{path} did not answer as OpenAI's API does: is it a "
                                   "localinfer server?") from None
     raise LocalinferError(f"{base} stayed busy (429) for {BUSY_RETRIES} tries")
 
 
-def _retry_after(error: urllib.error.HTTPError) -> float:
+def _retry_after(headers) -> float:
     try:
-        return min(max(float(error.headers.get("Retry-After", 1)), 0.1), 30.0)
+        return min(max(float(headers.get("Retry-After", 1)), 0.1), 30.0)
     except ValueError:
         return 1.0

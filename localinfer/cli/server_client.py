@@ -7,21 +7,16 @@ hold it are done). Any server that speaks that API answers them, an Ollama too.
 
 from __future__ import annotations
 
-import json
-import os
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from typing import Optional
 
 import typer
 
-from localinfer.cli import console
+from localinfer.cli import console, http_client
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.units import human_size
 
 TIMEOUT_S = 30.0        # a server busy loading a model still answers /api/ps at once
-KEY_ENV = "LOCALINFER_API_KEY"
 
 
 def register(app: typer.Typer) -> None:
@@ -94,20 +89,11 @@ def server_url(url: str, option: str) -> str:
 
 def _call(base: str, path: str, body: dict | None = None) -> dict:
     """One request to the server; its JSON object. Any failure is one LocalinferError line."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method="GET" if data is None
-                                     else "POST", headers={"Content-Type": "application/json"})
-    if key := os.environ.get(KEY_ENV):
-        request.add_header("Authorization", f"Bearer {key}")
+    reply = http_client.exchange(base, path, body, timeout=TIMEOUT_S)
+    if not 200 <= reply.status < 300:
+        raise LocalinferError(f"{base}{path}: {reply.status} {reply.error()[0]}")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:
-            answer = json.loads(reply.read())
-    except urllib.error.HTTPError as e:
-        raise LocalinferError(f"{base}{path}: {e.code} {_said(e)}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise LocalinferError(f"no server answered at {base} ({reason}); is `localinfer serve` "
-                              "running there?") from None
+        answer = reply.json()
     except ValueError:
         raise LocalinferError(f"{base}{path} did not answer with JSON: is it a localinfer or "
                               "Ollama server?") from None
@@ -115,24 +101,6 @@ def _call(base: str, path: str, body: dict | None = None) -> dict:
                                         not isinstance(answer.get("models"), list)):
         raise LocalinferError(f"{base}{path} answered with something else than expected")
     return answer
-
-
-def _said(error: urllib.error.HTTPError) -> str:
-    return error_of(error)[0]
-
-
-def error_of(error: urllib.error.HTTPError) -> tuple[str, str | None]:
-    """The server's own message in an error reply (OpenAI's or Ollama's shape), its control
-    characters escaped, and its code where the reply has one."""
-    try:
-        said = json.loads(error.read()).get("error")
-        if isinstance(said, dict):
-            return console.clean(str(said.get("message"))[:500]), said.get("code")
-        if said is not None:
-            return console.clean(str(said)[:500]), None
-    except (ValueError, AttributeError, OSError):
-        pass
-    return console.clean(str(error.reason)[:500]), None
 
 
 def _processor(model: dict) -> str:

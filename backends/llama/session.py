@@ -54,7 +54,7 @@ class LlamaCppSession(GGUFVocabulary):
         if not self._model:
             reason = log.last_error() or "llama.cpp could not load it"
             raise ModelLoadError(f"cannot load {path.name}: {reason}")
-        self._init_vocabulary()
+        self._init_vocabulary(path)
         rpc.harden_sockets()
         self.offload = model_offload(self._model, options.gpu_layers, max(options.cpu_moe, 0))
         # A device other than the CPU copies the logits back asynchronously (a GPU, an RPC

@@ -13,6 +13,7 @@ from typing import Sequence
 from localinfer.backends.llama.engine import engine, init_engine
 from localinfer.errors import ModelLoadError
 from localinfer.gguf.checks import check_model
+from localinfer.gguf.text import decoded
 
 
 class GGUFVocabulary:
@@ -25,7 +26,7 @@ class GGUFVocabulary:
     _model: ctypes.c_void_p
     _vocab: ctypes.c_void_p
 
-    def _init_vocabulary(self) -> None:
+    def _init_vocabulary(self, path: Path) -> None:
         lib = engine()
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
@@ -33,7 +34,7 @@ class GGUFVocabulary:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
-        self._read_vocab_facts()
+        self._read_vocab_facts(path)
 
     def _read_metadata(self) -> dict[str, str]:
         lib = engine()
@@ -47,7 +48,7 @@ class GGUFVocabulary:
                 meta[key] = buf.value.decode("utf-8", "replace")
         return meta
 
-    def _read_vocab_facts(self) -> None:
+    def _read_vocab_facts(self, path: Path) -> None:
         lib = engine()
         v = self._vocab
         bos, eos = lib.llama_vocab_bos(v), lib.llama_vocab_eos(v)
@@ -55,7 +56,9 @@ class GGUFVocabulary:
         self.eos_token = eos if eos >= 0 else None
         self.add_bos = bool(lib.llama_vocab_get_add_bos(v)) and self.bos_token is not None
         template = lib.llama_model_chat_template(self._model, None)
-        self.chat_template = template.decode("utf-8") if template else None
+        # Not UTF-8: kept to be shown, refused where it would be rendered (gguf/text.py).
+        self.chat_template = decoded(template, f"the chat template of {path.name}") \
+            if template else None
         self.architecture = self.metadata.get("general.architecture", "unknown")
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
@@ -112,7 +115,7 @@ class LlamaVocab(GGUFVocabulary):
         if not self._model:
             reason = log.last_error() or "llama.cpp could not read its vocabulary"
             raise ModelLoadError(f"cannot load {path.name}: {reason}")
-        self._init_vocabulary()
+        self._init_vocabulary(path)
         self.n_ctx_train = lib.llama_model_n_ctx_train(self._model)
 
     def close(self) -> None:

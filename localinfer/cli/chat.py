@@ -81,6 +81,9 @@ def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, lim
     session = loaded.session
     if not session.chat_template:
         console.warn("this model has no chat template; chat sends each message as raw text")
+    if not raw:     # a damaged template: said before the first message rather than after it
+        from localinfer.engine.templates import check_decoded
+        check_decoded(session.chat_template)
     history_file = _setup_readline()
     chat = _Chat(loaded, KVCache(session, prompt_cache.open_for(session, enabled=use_cache)),
                  use_cache, grow, system, raw=raw, think=think)

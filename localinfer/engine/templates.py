@@ -19,6 +19,7 @@ import jinja2.ext
 from localinfer.engine import template_bounds as bounds
 from localinfer.engine.template_sandbox import BoundedSandbox
 from localinfer.errors import ModelLoadError
+from localinfer.gguf.text import Undecoded
 
 _SKIP = "use --raw to skip it"
 
@@ -29,6 +30,7 @@ def render(template: str, messages: list[dict[str, str]], *, bos_token: str = ""
     """Render a conversation into the prompt text the model was trained on; `extra` holds the
     template's own variables (`enable_thinking`, `reasoning_effort`), as transformers passes
     apply_chat_template's keyword arguments."""
+    check_decoded(template)
     budget = bounds.Budget(bounds.limits_for(messages))
     token = bounds.begin(budget)
     try:
@@ -51,6 +53,13 @@ def render(template: str, messages: list[dict[str, str]], *, bos_token: str = ""
     if not text.strip():
         raise ModelLoadError(f"the model's chat template rendered an empty prompt; {_SKIP}")
     return text
+
+
+def check_decoded(template: str) -> None:
+    """ModelLoadError for a template whose bytes in its file were not UTF-8 (gguf/text.py): what
+    would run is not what the template's author wrote."""
+    if isinstance(template, Undecoded):
+        raise ModelLoadError(f"{template.problem}; {_SKIP}")
 
 
 def marker_nonce(messages: list[dict[str, str]]) -> str:

@@ -107,7 +107,8 @@ def _count(body: dict, served) -> int:
         plan = tools.plan(chat, session.chat_template or "")
         return len(requests._tokens(chat, session, chat=True, defaults=defaults, plan=plan))
     except ModelLoadError as e:
-        raise BadRequest(f"the chat template cannot render these messages: {e}") from None
+        raise BadRequest(f"the chat template cannot render these messages: "
+                         f"{str(e).removesuffix(requests._TEMPLATE_ADVICE)}") from None
     except LocalinferError as e:
         raise BadRequest(str(e)) from None
 

@@ -1,0 +1,94 @@
+"""The third red team's findings on the command line and the files it reads (issue 41): a chat
+template that is not UTF-8, config.toml nested deep or full of unknown keys, Ollama's parameter
+names in config.toml, `run MODEL` opening a chat on a terminal, --think on a model that does not
+think, and speculation's figures when nothing was drafted.
+
+Each bad input ends in one line (the CLI, with its exit code) or a 4xx in each API's own shape."""
+
+from __future__ import annotations
+
+import json
+import struct
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import error_line, home_with, run_cli, start_server
+
+from localinfer.engine import templates
+from localinfer.errors import ModelLoadError
+from localinfer.gguf.text import Undecoded, decoded
+
+# SmolLM2's own ChatML template with two bytes that are no UTF-8 in a literal.
+BAD_TEMPLATE = (b"{% for message in messages %}\xff\xfe<|im_start|>{{ message['role'] }}\n"
+                b"{{ message['content'] }}<|im_end|>\n{% endfor %}"
+                b"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+BAD_BYTE = BAD_TEMPLATE.index(b"\xff") + 1
+QUICK = ("--offline", "--temp", "0", "-n", "2")
+
+
+# -- 19: a chat template that is not UTF-8 -------------------------------------------------------
+def test_undecoded_text_shows_replaced_and_refuses_to_render():
+    assert decoded(b"plain", "x") == "plain" and not isinstance(decoded(b"plain", "x"), Undecoded)
+    text = decoded(b"ab\xffc", "the chat template of m.gguf")
+    assert text == "ab\ufffdc" and isinstance(text, Undecoded)
+    assert text.problem == "the chat template of m.gguf is not UTF-8 text (byte 3)"
+    with pytest.raises(ModelLoadError, match=r"^the chat template of m\.gguf is not UTF-8 text "
+                                             r"\(byte 3\); use --raw"):
+        templates.render(text, [{"role": "user", "content": "hi"}])
+
+
+@pytest.fixture(scope="module")
+def bad_template(smollm_path: Path, tmp_path_factory) -> Path:
+    """SmolLM2 with a chat template whose bytes are not UTF-8 (the weights and vocabulary whole)."""
+    from gguf_patch import splice, value_span
+    start, end, _ = value_span(smollm_path, "tokenizer.chat_template")
+    path = tmp_path_factory.mktemp("bad-template") / "bad-template.gguf"
+    return splice(smollm_path, path, start, end, struct.pack("<Q", len(BAD_TEMPLATE)) + BAD_TEMPLATE)
+
+
+def test_run_and_chat_name_the_file_of_a_template_that_is_not_utf8(bad_template: Path):
+    result = run_cli("run", str(bad_template), "Hi", *QUICK, "--draft", "none")
+    assert result.returncode == 1
+    assert error_line(result) == (f"localinfer: error: the chat template of bad-template.gguf is "
+                                  f"not UTF-8 text (byte {BAD_BYTE}); use --raw to skip it")
+    chat = run_cli("chat", str(bad_template), *QUICK, input="Hi\n")
+    assert chat.returncode == 1 and "bad-template.gguf is not UTF-8" in error_line(chat, notes=True)
+    raw = run_cli("run", str(bad_template), "Hi", "--raw", *QUICK)      # the weights are whole
+    assert raw.returncode == 0 and raw.stdout.strip(), raw.stderr
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_every_api_refuses_a_template_that_is_not_utf8_with_a_4xx(bad_template: Path):
+    proc, url = start_server(str(bad_template))
+    try:
+        messages = [{"role": "user", "content": "Hi"}]
+        name = bad_template.name
+        asks = {"/v1/chat/completions": {"messages": messages, "max_tokens": 2},
+                "/api/chat": {"messages": messages, "stream": False},
+                "/api/generate": {"prompt": "Hi", "stream": False},
+                "/v1/messages": {"messages": messages, "max_tokens": 2},
+                "/v1/messages/count_tokens": {"messages": messages}}
+        for path, body in asks.items():
+            status, answer = _post(url + path, {"model": name, **body})
+            assert status == 400, (path, status, answer)
+            said = json.dumps(answer)
+            assert f"{name} is not UTF-8 text (byte {BAD_BYTE})" in said, (path, said)
+            assert "--raw" not in said, (path, said)       # the CLI's way out, not the API's
+        status, answer = _post(url + "/v1/completions", {"model": name, "prompt": "Hi",
+                                                         "max_tokens": 2})
+        assert status == 200, answer                        # a raw prompt needs no template
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr

@@ -25,12 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localinfer.errors import UsageError
+from localinfer.errors import LocalinferError, UsageError
 
 # A defaults file is a few hundred bytes; anything near this is not one, and parsing it would
 # cost memory and time before the command starts.
 MAX_BYTES = 1 << 20
 TABLE = "defaults"
+# Tables and arrays within a value: an option takes a value or a list of values. A value nested
+# deeper is no option's, and would cost a recursion to show in a message.
+MAX_DEPTH = 8
+# A key or a table's name as a message shows it: a name longer than this is cut.
+SHOWN_KEY = 60
 
 
 class ConfigError(UsageError):
@@ -71,27 +76,38 @@ class UserConfig:
 
 def read(path: Path) -> UserConfig | None:
     """The file at `path`, parsed and checked; None when there is none."""
-    data = _read_bounded(path)
+    data = read_bounded(path)
     return None if data is None else parse(data, path)
 
 
 def parse(data: bytes, path: Path) -> UserConfig:
     """The settings in `data` (the content of `path`); ConfigError for a file that is not TOML
     or whose [defaults] is not a table of values and model tables."""
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start + 1})") from None
-    except tomllib.TOMLDecodeError as e:    # its message names the line and column
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    doc = toml_document(data, path)
     table = doc.get(TABLE, {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {TABLE} must be a table ([{TABLE}]), not {_kind(table)}")
     defaults = _settings({k: v for k, v in table.items() if not isinstance(v, dict)},
                          f"[{TABLE}]", path)
-    models = {name.strip().lower(): _settings(t, f"[{TABLE}.{toml_key(name)}]", path)
+    models = {name.strip().lower(): _settings(t, f"[{TABLE}.{shown_key(name)}]", path)
               for name, t in table.items() if isinstance(t, dict)}
     return UserConfig(path, defaults, models, tuple(k for k in doc if k != TABLE))
+
+
+def toml_document(data: bytes, path: Path,
+                  error: type[LocalinferError] = ConfigError) -> dict[str, object]:
+    """`data`, the content of the settings file `path` (this one, or the user's models.toml),
+    as a TOML document; `error` for bytes that are not UTF-8 or not TOML, or for tables and
+    arrays nested deeper than the parser's recursion reaches (each level is a call in tomllib)."""
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start + 1})") from None
+    except tomllib.TOMLDecodeError as e:    # its message names the line and column
+        raise error(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise error(f"{path}: tables or arrays nested hundreds deep; a settings file needs "
+                    "a few plain lines") from None
 
 
 def _settings(table: dict, where: str, path: Path) -> dict[str, Setting]:
@@ -100,14 +116,32 @@ def _settings(table: dict, where: str, path: Path) -> dict[str, Setting]:
         name = key.replace("-", "_")
         if name in out:
             raise ConfigError(f"{path}: {where} sets {name} twice (as "
-                              f"{toml_key(out[name].key)} and {toml_key(key)}); keep one")
+                              f"{shown_key(out[name].key)} and {shown_key(key)}); keep one")
+        if _too_deep(value):
+            raise ConfigError(f"{path}: {where} {shown_key(key)} nests tables or arrays more "
+                              f"than {MAX_DEPTH} deep; an option takes a value or a list of "
+                              "values")
         out[name] = Setting(key, name, value, where)
     return out
 
 
-def _read_bounded(path: Path) -> bytes | None:
+def _too_deep(value: object) -> bool:
+    """Whether `value` holds tables or arrays more than MAX_DEPTH within one another (looked at
+    level by level, without recursion)."""
+    level = [value]
+    for _ in range(MAX_DEPTH):
+        level = [inner for v in level
+                 for inner in (v.values() if isinstance(v, dict) else v if isinstance(v, list)
+                               else ())]
+        if not level:
+            return False
+    return True
+
+
+def read_bounded(path: Path, error: type[LocalinferError] = ConfigError) -> bytes | None:
     """The file's bytes, if it is a regular file of at most MAX_BYTES (a link to one is followed:
-    config files are often linked from a dotfiles folder). Never blocks on a pipe."""
+    config files are often linked from a dotfiles folder); None when there is none, else `error`
+    for one that cannot be read. Never blocks on a pipe."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -115,15 +149,14 @@ def _read_bounded(path: Path) -> bytes | None:
     except OSError as e:
         if e.errno == errno.ENOTDIR:        # a file where the config folder should be
             return None
-        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
+        raise error(f"{path}: cannot be read ({e.strerror})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):      # a folder, a pipe, a device
         os.close(fd)
-        raise ConfigError(f"{path} is not a regular file; make it one, or remove it")
+        raise error(f"{path} is not a regular file; make it one, or remove it")
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise ConfigError(f"{path} is over {MAX_BYTES // 1024} KB; a defaults file needs a few "
-                          "lines")
+        raise error(f"{path} is over {MAX_BYTES // 1024} KB; a settings file needs a few lines")
     return data
 
 
@@ -156,6 +189,12 @@ def _basic_string(text: str) -> str:
 def toml_key(name: str) -> str:
     """A key as TOML writes it: bare when it can be, quoted otherwise."""
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _basic_string(name)
+
+
+def shown_key(name: str) -> str:
+    """A key as a message shows it: as TOML writes it, cut after SHOWN_KEY characters (a file
+    may hold a key of a megabyte)."""
+    return toml_key(name) if len(name) <= SHOWN_KEY else toml_key(name[:SHOWN_KEY]) + "..."
 
 
 def _kind(value: object) -> str:

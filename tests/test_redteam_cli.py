@@ -92,3 +92,62 @@ def test_every_api_refuses_a_template_that_is_not_utf8_with_a_4xx(bad_template: 
         proc.terminate()
         _, stderr = proc.communicate(timeout=60)
     assert "Traceback" not in stderr, stderr
+
+
+# -- 20: config.toml and models.toml nested deep, or full of unknown keys ------------------------
+DEEP = 3000
+
+
+@pytest.mark.parametrize("config", [
+    "[defaults]\nx = " + "[" * DEEP + "]" * DEEP + "\n",                    # past tomllib's reach
+    "[defaults]\nx = " + "{a=" * DEEP + "1" + "}" * DEEP + "\n",
+    "[defaults]\ntemp = " + "[" * 400 + "1" + "]" * 400 + "\n",           # parsed, then shown
+    "[defaults.smollm2]\ntemp." + "a." * DEEP + "a = 1\n",                  # dotted: no recursion
+])
+def test_config_nested_deep_is_one_line_and_help_stays_reachable(tmp_path: Path, config: str):
+    home = home_with(tmp_path, config)
+    result = run_cli("list", home=home)
+    assert result.returncode == 2
+    line = error_line(result)
+    assert "config.toml" in line and "nest" in line and len(line) < 300, line
+    helped = run_cli("run", "--help", home=home)
+    assert helped.returncode == 0 and "Usage" in helped.stdout, helped.stderr
+    assert "Traceback" not in helped.stderr and "(ignored for the help)" in helped.stderr
+
+
+def test_models_toml_nested_deep_is_one_line_and_help_stays_reachable(tmp_path: Path):
+    home = home_with(tmp_path)
+    (home / "config" / "models.toml").write_text("x = " + "[" * DEEP + "]" * DEEP + "\n")
+    result = run_cli("list", "--catalogue", home=home)
+    assert result.returncode == 1          # a catalogue's problem, as its syntax errors are
+    assert "models.toml: tables or arrays nested" in error_line(result)
+    helped = run_cli("run", "--help", home=home)
+    assert helped.returncode == 0 and helped.stderr == "", helped.stderr
+
+
+def test_models_toml_over_a_megabyte_is_refused_unread(tmp_path: Path):
+    home = home_with(tmp_path)
+    (home / "config" / "models.toml").write_text("# padding\n" * 200_000)
+    result = run_cli("list", "--catalogue", home=home)
+    assert result.returncode == 1 and "models.toml is over 1024 KB" in error_line(result)
+
+
+def test_forty_thousand_unknown_keys_are_one_short_warning(tmp_path: Path):
+    keys = "".join(f"k{i} = 1\n" for i in range(40_000))
+    home = home_with(tmp_path, "[defaults]\n" + keys + "x" * 5000 + " = 1\n")
+    (home / "config" / "models.toml").write_text("".join(f"[t{i}]\n" for i in range(40_000)))
+    result = run_cli("list", home=home)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 2 and all(len(w) < 600 for w in warnings), warnings
+    config, catalogue = sorted(warnings)
+    assert "'k0' in [defaults], 'k1' in [defaults]" in config and "and 39,996 more" in config
+    assert "'t0', 't1'" in catalogue and "and 39,995 more" in catalogue
+
+
+def test_a_long_key_and_value_are_cut_in_the_line(tmp_path: Path):
+    home = home_with(tmp_path, "[defaults]\n" + "y" * 100_000 + ' = 1\ntemp = "' + "z" * 100_000
+                     + '"\n')
+    result = run_cli("list", home=home)
+    assert result.returncode == 2
+    assert len(error_line(result, notes=True)) < 400 and len(result.stderr) < 800, result.stderr

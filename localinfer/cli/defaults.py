@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import difflib
 import math
-import tomllib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from localinfer import settings, user_config
 from localinfer.cli import console
-from localinfer.user_config import ConfigError, Setting, UserConfig, toml_key, toml_value
+from localinfer.user_config import ConfigError, Setting, UserConfig, shown_key, toml_value
 
 # typer >= 0.22 parses with its own copy of click (see app.py).
 try:
@@ -42,6 +41,9 @@ _PURE = (BoolParamType, FloatParamType, IntParamType, StringParamType)
 # then refuses (a range its callback checks) is blamed on the file, not on the command line.
 # Asking for these works whatever the file holds: they are how a user finds out what is wrong.
 _HELP = ("-h", "--help", "-V", "--version")
+# Unknown keys a warning names (with a suggestion each); the rest it counts: a file of 40,000
+# stray keys is one short line, not a megabyte of them.
+NAMED_KEYS = 5
 _origins: dict[str, tuple[str, Setting]] = {}      # parameter name: (config file, setting)
 
 
@@ -55,9 +57,9 @@ def default_map(root: Command, args: Sequence[str]) -> dict[str, Any] | None:
         config = user_config.read(conf.user_config)
         if config is None:
             return None
-        every = dict(commands(root))
+        every = {path: options(command) for path, command in commands(root)}
         _warn_unknown(config, every)
-        _check_values(config, every)
+        _check_values(config, every, dict(commands(root)))
     except ConfigError as e:
         if not any(a in _HELP for a in args):
             raise
@@ -254,13 +256,16 @@ def _numeric(param: Param) -> bool:
     return isinstance(param.type, (IntParamType, FloatParamType))
 
 
-def _check_values(config: UserConfig, every: dict[tuple[str, ...], Command]) -> None:
-    """Every value in the file against the options of its name: refused when no command's option
-    of that name takes it, whichever command runs now (a file is wrong as a whole)."""
+def _check_values(config: UserConfig, every: dict[tuple[str, ...], dict[str, Param]],
+                  by_path: dict[tuple[str, ...], Command]) -> None:
+    """Every value in the file against the options of its name (`every`: each command's options,
+    worked out once): refused when no command's option of that name takes it, whichever command
+    runs now (a file is wrong as a whole)."""
     for setting in config.settings():
         problem = None
-        for path, command in every.items():
-            param = options(command).get(setting.name)
+        for path, own in every.items():
+            command = by_path[path]
+            param = own.get(setting.name)
             if param is None:
                 continue
             value = _value(setting, param, str(config.path))
@@ -276,18 +281,28 @@ def _check_values(config: UserConfig, every: dict[tuple[str, ...], Command]) -> 
                 raise ConfigError(_problem(str(config.path), setting, problem))
 
 
-def _warn_unknown(config: UserConfig, every: dict[tuple[str, ...], Command]) -> None:
-    known = {key for command in every.values() for key in options(command)}
-    stray = [f"{_named(s.key)} in {s.table}" for s in config.settings() if s.name not in known]
-    stray += [f"{_named(key)} at the top level" for key in config.unknown]
-    if not stray:
-        return
-    unknown = [s.name for s in config.settings() if s.name not in known]
-    close = difflib.get_close_matches(unknown[0], known, n=1) if len(stray) == 1 and unknown \
-        else []
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    console.warn(f"{config.path}: unknown key{'s' if len(stray) > 1 else ''} "
-                 f"{', '.join(stray)} (ignored{hint})")
+def _warn_unknown(config: UserConfig, every: dict[tuple[str, ...], dict[str, Param]]) -> None:
+    known = {key for own in every.values() for key in own}
+    stray = [(s.name, f"{_named(s.key)} in {s.table}") for s in config.settings()
+             if s.name not in known]
+    stray += [(None, f"{_named(key)} at the top level") for key in config.unknown]
+    if stray:
+        named = [said + _suggestion(name, known) for name, said in stray[:NAMED_KEYS]]
+        console.warn(f"{config.path}: unknown {_listed(named, len(stray))} (ignored)")
+
+
+def _suggestion(name: str | None, known: set[str]) -> str:
+    """` (did you mean 'top_k'?)` for a key close to an option's name; else nothing."""
+    # difflib's time grows with the name's square; no option's name is near this long.
+    close = difflib.get_close_matches(name, known, n=1) if name and len(name) <= 40 else []
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _listed(named: list[str], total: int) -> str:
+    """`key 'a'`, or `keys 'a', 'b' and 3 more`: the first few named, the rest counted."""
+    more = total - len(named)
+    return (f"key{'s' if total > 1 else ''} {', '.join(named)}"
+            + (f" and {more:,} more" if more else ""))
 
 
 def _warn_catalogue_keys(conf: settings.Settings) -> None:
@@ -297,22 +312,27 @@ def _warn_catalogue_keys(conf: settings.Settings) -> None:
     try:
         if not path.is_file() or path.stat().st_size > user_config.MAX_BYTES:
             return
-        stray = [k for k in tomllib.loads(path.read_text("utf-8")) if k != "models"]
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        stray = [k for k in user_config.toml_document(path.read_bytes(), path)
+                 if k != "models"]
+    except (OSError, ConfigError):
         return          # the catalogue's own reading says what is wrong with it
     if stray:
         where = f"; option defaults belong in {conf.user_config}" if "defaults" in stray else ""
-        console.warn(f"{path}: unknown key{'s' if len(stray) > 1 else ''} "
-                     f"{', '.join(_named(k) for k in stray)} (ignored{where})")
+        named = [_named(k) for k in stray[:NAMED_KEYS]]
+        console.warn(f"{path}: unknown {_listed(named, len(stray))} (ignored{where})")
 
 
 def _problem(path: str, setting: Setting, problem: str) -> str:
-    value = toml_value(setting.value)
-    shown = value if len(value) <= 60 else value[:57] + "..."
-    return f"{path}: {setting.table} {toml_key(setting.key)} = {shown}: {problem}"
+    """The line for a value an option refuses; click's own words may quote the whole value."""
+    return (f"{path}: {setting.table} {shown_key(setting.key)} = "
+            f"{_cut(toml_value(setting.value), 60)}: {_cut(problem, 160)}")
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def _named(key: str) -> str:
     """A key for a message: 'bare', or "quoted" as TOML escapes it (never a line break)."""
-    written = toml_key(key)
+    written = shown_key(key)
     return f"'{key}'" if written == key else written

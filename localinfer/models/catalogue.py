@@ -17,6 +17,7 @@ from pathlib import Path
 
 from localinfer.errors import LocalinferError, ModelNotFound, UsageError
 from localinfer.models import catalogue_check
+from localinfer.user_config import read_bounded, toml_document
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ class Catalogue:
 def load(user_file: Path | None = None) -> Catalogue:
     """The built-in catalogue with the user's file over it: parsed once per process for each
     content of the user's file (a `run` consults it more than once; a parse costs milliseconds)."""
-    raw = user_file.read_bytes() if user_file is not None and user_file.is_file() else None
+    raw = read_bounded(user_file, LocalinferError) \
+        if user_file is not None and user_file.is_file() else None
     return _load(user_file, raw)
 
 
@@ -140,10 +142,8 @@ def _load(user_file: Path | None, raw: bytes | None) -> Catalogue:
     catalogue_check.check(data, BUILT_IN)
     user: dict = {}
     if raw is not None:
-        try:
-            user = tomllib.loads(raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise LocalinferError(f"{user_file} is not valid TOML: {e}") from e
+        user = toml_document(raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), user_file,
+                             LocalinferError)
         catalogue_check.check(user, str(user_file))
         data = _merge(data, _with_aliases_added(user, data))
     models = {}

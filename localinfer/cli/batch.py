@@ -13,13 +13,12 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, map_remote, shell
-from localinfer.cli.options import (rpc_option, BACKEND, CONTEXT, OUTPUT, backend_option, cpu_moe_option,
-                                    ctx_option, engine_log, fit_options,
+from localinfer.cli.options import (rpc_option, BACKEND, CONTEXT, OUTPUT, backend_option,
+                                    cpu_moe_option, ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
-                                    kv_type_option, max_tokens_option, memory_option,
-                                    min_p_option, model_argument, no_think_option,
-                                    offline_option, quant_option, raw_option,
-                                    repeat_penalty_option, reporter, seed_option,
+                                    kv_type_option, max_tokens_option, memory_option, min_p_option,
+                                    model_argument, no_think_option, offline_option, quant_option,
+                                    raw_option, repeat_penalty_option, reporter, seed_option,
                                     show_thinking_option, stop_option, system_option, temp_option,
                                     think_budget_option, think_option, think_settings,
                                     threads_option, top_k_option, top_p_option, verbose_option)
@@ -129,9 +128,9 @@ def map_lines(
 def _ended(printer: _InOrder, feed: _Feed, max_tokens: int) -> None:
     """What the run says once every line is printed, and how it exits."""
     if printer.closed:
-        console.note(f"{printer.closed} of {counted(printer.count, 'answer')} closed their "
-                     f"document early to fit -n {max_tokens} (or the context); a larger -n or "
-                     f"--ctx gives the model room to finish")
+        limit = f"-n {max_tokens}" if max_tokens > 0 else "the bound of an answer without -n"
+        console.note(f"{printer.closed} of {counted(printer.count, 'answer')} closed their document "
+                     f"early to fit {limit} (or the context); a larger -n or --ctx gives it room")
     if printer.failed:
         console.warn(f"{printer.failed} of {counted(printer.count, 'line')} failed")
     if feed.error:              # the lines before it are answered; the rest is not read
@@ -212,6 +211,7 @@ class _Lines:
 
         from localinfer.engine.sampling import make_sampler
         from localinfer.engine.scheduler import Job
+        from localinfer.engine.structured import OutputFormat, answer_limit
         params = self.params
         if params.seed not in (None, -1):
             params = replace(params, seed=params.seed + index)
@@ -224,7 +224,9 @@ class _Lines:
         if style is None:           # no trace: as before thinking models
             sampler = _constrained(params, lambda: session.grammar(self.gbnf)) if self.gbnf \
                 else make_sampler(params)
-            return Job(prompt, sampler, self.limits, index=index)
+            limits = replace(self.limits, max_tokens=answer_limit(    # as run's: bounded
+                OutputFormat(self.gbnf, False) if self.gbnf else None, self.limits.max_tokens))
+            return Job(prompt, sampler, limits, index=index)
         self.styles[index] = style
         shown = setup.shown_markers(session, style)
         limits = replace(self.limits, shown=shown) if shown else self.limits

@@ -24,7 +24,7 @@ from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel
 from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, reply_room
 from localinfer.engine.sampling import Sampler, SamplingParams, make_sampler
-from localinfer.engine.structured import OutputFormat, incomplete
+from localinfer.engine.structured import OutputFormat, answer_limit, incomplete
 from localinfer.errors import ContextOverflow, UsageError
 from localinfer.models import safe_files
 from localinfer.thinking import setup
@@ -165,7 +165,9 @@ class _Turn:
                 style = setup.style_of(chat.loaded.session, tokens, chat.raw)
                 constrained = _constrained(self.sampler, self.params, self.output, chat.loaded,
                                            style, chat.think)
-                reply, finish = _reply(chat.cache, tokens, constrained, self.limits, chat.loaded,
+                limits = replace(self.limits, max_tokens=answer_limit(
+                    self.output, self.limits.max_tokens, thinks=style is not None))
+                reply, finish = _reply(chat.cache, tokens, constrained, limits, chat.loaded,
                                        self.verbose, style, self.show_trace)
             problem = incomplete(self.output, reply, finish) if self.output else None
             if problem:

@@ -83,7 +83,7 @@ def run(
     \b
     localinfer run smollm2 "Why is the sky blue?"
     git diff | localinfer run smollm2 "Write a commit message" --temp 0
-    localinfer run hf:OWNER/REPO:Q4_K_M "Hi" --json-schema person.json
+    localinfer run smollm2 "Describe a fictional person in JSON." --json-schema person.json
     """
     from dataclasses import replace
 
@@ -139,7 +139,8 @@ def run(
         console.note(f"the reply stopped at the end of the context ({session.n_ctx:,} tokens); "
                      "-n N sizes the context for a longer one (or --ctx N)")
     if generation.stats.closed_at >= 0:
-        console.note(shell.closed_early(generation.stats, max_tokens, session.n_ctx))
+        console.note(shell.closed_early(generation.stats, generation.limits.max_tokens,
+                                        session.n_ctx, unasked=max_tokens < 0))
 
 
 def chat(
@@ -177,7 +178,7 @@ def chat(
 
     \b
     localinfer chat smollm2
-    localinfer chat gemma3-270m --system "Answer in one sentence." --temp 0.3
+    localinfer chat smollm2 --system "Answer in one sentence." --temp 0.3
     """
     from localinfer.cli import chat as chat_repl
     from localinfer.cli.thinking import show_by_default

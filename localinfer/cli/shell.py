@@ -322,10 +322,13 @@ def format_stats(stats, loaded: LoadedModel) -> str:
                f"{counted(stats.closed_tokens, 'token')})" if stats.closed_at >= 0 else ""))
 
 
-def closed_early(stats, max_tokens: int, n_ctx: int) -> str:
-    """The note for an answer the budget narrowed to close its document in time."""
+def closed_early(stats, max_tokens: int, n_ctx: int, *, unasked: bool = False) -> str:
+    """The note for an answer the budget narrowed to close its document in time; `unasked`:
+    max_tokens is the bound an answer with no -n gets (structured.answer_limit)."""
     by_n = 0 < max_tokens <= n_ctx - stats.prompt_tokens + 1
     limit = f"-n {max_tokens}" if by_n else f"the context ({n_ctx:,} tokens)"
+    if by_n and unasked:
+        limit = f"{max_tokens:,} tokens (the bound of a constrained answer without -n)"
     more = "a larger -n" if by_n else "-n N or --ctx N"
     return (f"the answer was cut to fit {limit}: its last {counted(stats.closed_tokens, 'token')} "
             f"closed the document early; {more} gives the model room to finish it")

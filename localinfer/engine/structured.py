@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from localinfer.engine.gbnf_check import check_gbnf
+from localinfer.engine.prompt import REPLY_TOKENS
+from localinfer.engine.schema_bound import longest_answer
 from localinfer.engine.schema_check import check_schema
 from localinfer.engine.schema_pattern import json_safe_pattern
 from localinfer.errors import UsageError
@@ -31,6 +33,23 @@ class OutputFormat:
 
     gbnf: str
     is_json: bool
+
+    @property
+    def longest(self) -> int | None:
+        """The most tokens an answer that keeps to it can take; None: no bound of its own."""
+        return longest_answer(self.gbnf)
+
+
+def answer_limit(output: OutputFormat | None, max_tokens: int, *, thinks: bool = False) -> int:
+    """The token limit of a constrained answer asked for with no -n (-1): the most its grammar
+    allows when that is bounded (maxLength, maxItems, enums, ...), else REPLY_TOKENS, the reply
+    room a context is sized for; the answer is closed to fit it (engine/closing.py), so a model
+    that loops inside a string or a list ends there. A given -n, an unconstrained answer and a
+    thinking model's (whose -n counts its trace, which has no bound of its own) keep max_tokens."""
+    if output is None or max_tokens > 0 or thinks:
+        return max_tokens
+    longest = output.longest
+    return max(1, longest) if longest is not None else REPLY_TOKENS
 
 
 def from_options(json_schema: str | None, grammar: str | None) -> OutputFormat | None:

@@ -37,11 +37,15 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
     from localinfer.engine.constrain import sampler_for
     from localinfer.engine.decode import Generation
     from localinfer.engine.kv import KVCache
+    from localinfer.engine.structured import answer_limit
     from localinfer.thinking import setup
     session = loaded.session
     cache = KVCache(session, store)
     grammar = session.grammar(output.gbnf) if output else None
     style = setup.style_of(session, tokens, raw)
+    # A constrained answer asked for with no -n ends within its grammar's bound (or the reply room).
+    limits = replace(limits, max_tokens=answer_limit(output, limits.max_tokens,
+                                                     thinks=style is not None))
     grammar = setup.gate_for(session, style, think, grammar) or grammar
     shown = setup.shown_markers(session, style)
     limits = replace(limits, shown=shown) if shown else limits

@@ -7,8 +7,9 @@
     [defaults.smollm2]          # only for this model: a catalogue name or alias, hf:OWNER/REPO,
     system = "Answer briefly."  # a file's name or stem, or NAME:QUANT as typed
 
-Keys are the commands' long option names (`top-k` or `top_k`). Which keys exist and what values
-they take is the commands' business (cli.defaults checks them against the options themselves);
+Keys are the commands' long option names (`top-k` or `top_k`), or Ollama's name for one of them
+(`temperature`, `num_ctx`: OLLAMA_OPTIONS). Which keys exist and what values they take is the
+commands' business (cli.defaults checks them against the options themselves);
 this module reads the file, refuses what no option could mean, and picks the tables that apply to
 a model. The file is the user's but is read as if it were anyone's: a regular file of bounded size,
 and each problem one line naming the file and the place.
@@ -36,6 +37,28 @@ TABLE = "defaults"
 MAX_DEPTH = 8
 # A key or a table's name as a message shows it: a name longer than this is cut.
 SHOWN_KEY = 60
+
+# -- Ollama's names: its API's `options`, a Modelfile's PARAMETER lines ------------------------
+# serve's Ollama API takes them by these kinds (server/ollama_options.py); this file takes each one
+# that means an option here under that option's name (OLLAMA_OPTIONS).
+# Sampling settings, under the same name in OpenAI's chat request.
+OLLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty")
+# Settings Ollama applies when it loads a model.
+OLLAMA_AT_LOAD = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
+                            "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only",
+                            "num_thread", "num_keep"})
+# Sampling methods not implemented here, with the value that leaves them off (None: any value,
+# as it matters only with another one switched on).
+OLLAMA_NEUTRAL = {"typical_p": 1, "tfs_z": 1, "presence_penalty": 0, "frequency_penalty": 0,
+                  "mirostat": 0, "mirostat_tau": None, "mirostat_eta": None,
+                  "penalize_newline": None}
+# Ollama's name: the option (config key) that means the same. Its other names (repeat_last_n,
+# the sampling methods above, most load settings) have none: unknown keys here.
+OLLAMA_OPTIONS = {**{name: name for name in OLLAMA_SAMPLING}, "temperature": "temp",
+                  "num_predict": "max_tokens", "num_ctx": "ctx", "stop": "stop",
+                  "num_thread": "threads", "num_gpu": "gpu_layers"}
+OLLAMA_NAMES = frozenset({*OLLAMA_SAMPLING, *OLLAMA_AT_LOAD, *OLLAMA_NEUTRAL, "num_predict",
+                          "num_ctx", "stop", "repeat_last_n"})
 
 
 class ConfigError(UsageError):
@@ -114,6 +137,7 @@ def _settings(table: dict, where: str, path: Path) -> dict[str, Setting]:
     out: dict[str, Setting] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
+        name = OLLAMA_OPTIONS.get(name, name)     # a Modelfile's name for one of the options
         if name in out:
             raise ConfigError(f"{path}: {where} sets {name} twice (as "
                               f"{shown_key(out[name].key)} and {shown_key(key)}); keep one")

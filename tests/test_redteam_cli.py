@@ -151,3 +151,51 @@ def test_a_long_key_and_value_are_cut_in_the_line(tmp_path: Path):
     result = run_cli("list", home=home)
     assert result.returncode == 2
     assert len(error_line(result, notes=True)) < 400 and len(result.stderr) < 800, result.stderr
+
+
+# -- 29: Ollama's Modelfile names in config.toml --------------------------------------------------
+def _help_defaults(home: Path) -> str:
+    result = run_cli("run", "--help", home=home, env={"COLUMNS": "250"})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_ollama_parameter_names_set_the_options_they_mean(tmp_path: Path):
+    home = home_with(tmp_path, "[defaults]\ntemperature = 0.3\nnum_ctx = 1234\nnum_predict = 77\n"
+                               "repeat_penalty = 1.1\ntop_k = 9\nnum_thread = 1\nnum_gpu = 0\n"
+                               'stop = ["###"]\nseed = 5\n')
+    shown = _help_defaults(home)
+    for option, default in [("--temp ", "0.3"), ("--ctx ", "1234"), ("--max-tokens ", "77"),
+                            ("--repeat-penalty ", "1.1"), ("--top-k ", "9"), ("--threads ", "1"),
+                            ("--gpu-layers ", "0"), ("--seed ", "5")]:
+        line = next(line for line in shown.splitlines() if line.lstrip("│ ").startswith(option))
+        assert f"[default: {default}]" in line, (option, line)
+    result = run_cli("list", home=home)
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+
+
+def test_an_option_set_by_both_names_is_refused(tmp_path: Path):
+    result = run_cli("list", home=home_with(tmp_path, "[defaults]\ntemp = 1\ntemperature = 0\n"))
+    assert result.returncode == 2
+    assert "sets temp twice (as temp and temperature); keep one" in error_line(result)
+
+
+def test_unknown_names_close_to_ours_or_ollamas_get_suggestions(tmp_path: Path):
+    home = home_with(tmp_path, "[defaults]\ntemprature = 0\nnum_ctxx = 8\nmirostat = 2\n")
+    result = run_cli("list", home=home)
+    assert result.returncode == 0
+    for said in ("'temprature' in [defaults] (did you mean 'temperature'?)",
+                 "'num_ctxx' in [defaults] (did you mean 'num_ctx'?)",
+                 "'mirostat' in [defaults] (Ollama's; no option here does what it does)"):
+        assert said in result.stderr, (said, result.stderr)
+
+
+def test_a_modelfiles_temperature_zero_is_greedy(models_home: Path, tmp_path: Path):
+    home = home_with(tmp_path, "[defaults.smollm2]\ntemperature = 0\nnum_predict = 12\n",
+                     models=True)
+    prompt = ("smollm2", "Name a colour.", "--offline", "--draft", "none")
+    plain = run_cli("run", *prompt, "--temp", "0", "-n", "12", home=home_with(tmp_path / "plain",
+                                                                            models=True))
+    seeds = [run_cli("run", *prompt, "--seed", seed, home=home) for seed in ("1", "2")]
+    assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
+    assert [s.stdout for s in seeds] == [plain.stdout] * 2, [plain, *seeds]

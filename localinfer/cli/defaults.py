@@ -292,9 +292,13 @@ def _warn_unknown(config: UserConfig, every: dict[tuple[str, ...], dict[str, Par
 
 
 def _suggestion(name: str | None, known: set[str]) -> str:
-    """` (did you mean 'top_k'?)` for a key close to an option's name; else nothing."""
+    """` (did you mean 'top_k'?)` for a key close to an option's name or Ollama's name for one;
+    for another name of Ollama's, that nothing here means it; else nothing."""
+    if name in user_config.OLLAMA_NAMES:
+        return " (Ollama's; no option here does what it does)"
     # difflib's time grows with the name's square; no option's name is near this long.
-    close = difflib.get_close_matches(name, known, n=1) if name and len(name) <= 40 else []
+    close = difflib.get_close_matches(name, {*known, *user_config.OLLAMA_OPTIONS}, n=1) \
+        if name and len(name) <= 40 else []
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

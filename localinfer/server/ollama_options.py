@@ -29,18 +29,14 @@ from localinfer.server.errors import BadRequest
 from localinfer.server.requests import Defaults
 from localinfer.thinking.style import EFFORTS, Think
 from localinfer.units import parse_duration
+from localinfer.user_config import OLLAMA_AT_LOAD, OLLAMA_NEUTRAL, OLLAMA_SAMPLING
 
 MAX_STOPS = 16
-# Passed to the chat request under the same name; checked there.
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty")
-# Loading settings: the model was loaded once, with serve's options.
-AT_LOAD = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
-                     "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only",
-                     "num_thread", "num_keep"})
-# Sampling methods not implemented here, with the value that leaves them off (None: any value,
-# as it matters only with another one switched on).
-NEUTRAL = {"typical_p": 1, "tfs_z": 1, "presence_penalty": 0, "frequency_penalty": 0,
-           "mirostat": 0, "mirostat_tau": None, "mirostat_eta": None, "penalize_newline": None}
+# Ollama's names, kept with config.toml's, which takes them too (user_config.OLLAMA_OPTIONS).
+# SAMPLING: passed to the chat request under the same name, checked there. AT_LOAD: the model was
+# loaded once, with serve's options. NEUTRAL: methods not implemented, with the value leaving
+# them off.
+SAMPLING, AT_LOAD, NEUTRAL = OLLAMA_SAMPLING, OLLAMA_AT_LOAD, OLLAMA_NEUTRAL
 
 
 @dataclass(frozen=True)

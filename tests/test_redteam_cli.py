@@ -7,12 +7,14 @@ Each bad input ends in one line (the CLI, with its exit code) or a 4xx in each A
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pexpect
 import pytest
 from helpers import error_line, home_with, run_cli, start_server
 
@@ -199,3 +201,41 @@ def test_a_modelfiles_temperature_zero_is_greedy(models_home: Path, tmp_path: Pa
     seeds = [run_cli("run", *prompt, "--seed", seed, home=home) for seed in ("1", "2")]
     assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
     assert [s.stdout for s in seeds] == [plain.stdout] * 2, [plain, *seeds]
+
+
+# -- 21: `run MODEL` with no prompt on a terminal opens the chat ----------------------------------
+def test_chat_options_are_chats_parameters_and_run_has_them_all():
+    import typer
+
+    from localinfer.cli.app import app
+    from localinfer.cli.generate import RUN_ONLY, ChatOptions
+    commands = typer.main.get_command(app).commands
+    names = {f.name for f in dataclasses.fields(ChatOptions)}
+    assert names == {p.name for p in commands["chat"].params} - {"command"}
+    run_names = {p.name for p in commands["run"].params}
+    assert names <= run_names and run_names - names == {"prompt", *RUN_ONLY}
+
+
+def test_run_without_a_prompt_on_a_terminal_is_a_chat_with_runs_options(smollm_path: Path,
+                                                                       tmp_path: Path):
+    from terminal import spawn
+    child = spawn("run", str(smollm_path), "--temp", "0", "--offline", "-n", "3",
+                  home=home_with(tmp_path), env={"NO_COLOR": "1"}, timeout=120)
+    child.expect_exact(">>> ")
+    child.sendline("Name a colour.")
+    child.expect_exact("[answer cut at -n 3 tokens]")       # -n reached the chat
+    child.expect_exact(">>> ")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+
+
+def test_run_only_options_without_a_prompt_on_a_terminal_are_refused(tmp_path: Path):
+    from terminal import plain, run as on_terminal
+    screen, code = on_terminal("run", "smollm2", "--json", "--draft", "none", "--offline",
+                               home=home_with(tmp_path), env={"NO_COLOR": "1"})
+    assert code == 2, screen
+    assert plain(screen).strip() == ("localinfer: error: --draft, --json need a PROMPT: with "
+                                     "none, on a terminal, run opens a chat, which has no such "
+                                     "options"), screen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import typer
@@ -37,6 +38,7 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
+    command: typer.Context,
     model: str = model_argument(),
     prompt: Optional[str] = typer.Argument(None, metavar="[PROMPT]", show_default=False,
                                            help="The prompt; '-' reads it from stdin alone. "
@@ -96,6 +98,8 @@ def run(
     from localinfer.engine.structured import from_options
     from localinfer.fit.request import Request
     from localinfer.pipeline import generate as pipeline, load
+    if prompt is None and console.interactive(sys.stdin):    # `run MODEL` on a terminal: chat
+        return open_chat(ChatOptions.of(command))
     _check_max_tokens(max_tokens)
     check_backend(backend)
     output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
@@ -104,14 +108,6 @@ def run(
                       gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
-    if prompt is None and console.interactive(sys.stdin):    # `run MODEL` on a terminal: chat
-        return chat(model, system=system, raw=raw, temp=temp, top_k=top_k, top_p=top_p,
-                    min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
-                    stop=stop, ctx=ctx, quant=quant, memory_=memory_, kv_type=kv_type,
-                    no_cache=no_cache, json_schema=json_schema, grammar=grammar, think=think,
-                    no_think=no_think, think_budget=think_budget, show_thinking=show_thinking,
-                    verbose=verbose, backend=backend, threads=threads, gpu_layers=gpu_layers,
-                    offline=offline)
     report = reporter()
     named = load.name(model, fit, report)
     # The prompt is read before the fit: the context is sized to it.
@@ -144,6 +140,7 @@ def run(
 
 
 def chat(
+    command: typer.Context,
     model: str = model_argument(),
     system: Optional[str] = system_option(),
     raw: bool = raw_option("Send each message as is, without the chat template."),
@@ -180,30 +177,93 @@ def chat(
     localinfer chat smollm2
     localinfer chat smollm2 --system "Answer in one sentence." --temp 0.3
     """
+    open_chat(ChatOptions.of(command))
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """`chat`'s options, as parsed and checked: the chat command and `run MODEL` on a terminal
+    both take them from their command's parsed values by name (`of`), so an option added to
+    `chat` reaches the chat from either, and never as Typer's placeholder for a default."""
+
+    model: str
+    system: str | None
+    raw: bool
+    temp: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    seed: int | None
+    max_tokens: int
+    stop: list[str]
+    ctx: int
+    quant: str
+    memory_: str | None
+    kv_type: str | None
+    no_cache: bool
+    json_schema: str | None
+    grammar: str | None
+    think: str | None
+    no_think: bool
+    think_budget: int | None
+    show_thinking: bool | None
+    verbose: int
+    backend: str
+    threads: int
+    gpu_layers: str
+    rpc: str | None         # the workers: connected by the option's own check, when parsed
+    cpu_moe: str
+    offline: bool
+
+    @classmethod
+    def of(cls, command: typer.Context) -> ChatOptions:
+        """The options from a parsed command (`chat`, or `run`, which has them all). Those of
+        `run` a chat has no use for are refused when the command line gives them."""
+        _refuse_run_only(command)
+        return cls(**{f.name: command.params[f.name] for f in fields(cls)})
+
+
+# `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
+RUN_ONLY = ("truncate", "draft", "draft_max", "as_json")
+
+
+def _refuse_run_only(command: typer.Context) -> None:
+    given = [p.opts[0] for p in command.command.params if p.name in RUN_ONLY and
+             getattr(command.get_parameter_source(p.name), "name", "") == "COMMANDLINE"]
+    if given:
+        raise UsageError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a PROMPT: "
+                         "with none, on a terminal, run opens a chat, which has no "
+                         f"{'such option' if len(given) == 1 else 'such options'}")
+
+
+def open_chat(o: ChatOptions) -> None:
+    """Load the model as `chat` fits it and run the conversation."""
     from localinfer.cli import chat as chat_repl
     from localinfer.cli.thinking import show_by_default
     from localinfer.engine.decode import Limits
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
-    _check_max_tokens(max_tokens)
-    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed)
-    check_backend(backend)
-    output = from_options(json_schema, grammar)
-    thinking = think_settings(think, no_think, think_budget)
     from localinfer.pipeline import load
-    fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                              gpu_layers=gpu_layers, offline=offline,
-                              cpu_moe=cpu_moe), reporter()
-    fitted = load.fit_model(load.name(model, fit, report), fit, report, threads=threads,
-                            engine_log=engine_log(verbose))
+    _check_max_tokens(o.max_tokens)
+    params = SamplingParams(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
+                            repeat_penalty=o.repeat_penalty, seed=o.seed)
+    check_backend(o.backend)
+    output = from_options(o.json_schema, o.grammar)
+    thinking = think_settings(o.think, o.no_think, o.think_budget)
+    fit, report = fit_options(quant=o.quant, ctx=o.ctx, kv_type=o.kv_type, memory=o.memory_,
+                              gpu_layers=o.gpu_layers, offline=o.offline,
+                              cpu_moe=o.cpu_moe), reporter()
+    fitted = load.fit_model(load.name(o.model, fit, report), fit, report, threads=o.threads,
+                            engine_log=engine_log(o.verbose))
     options = fitted.options
-    loaded = load.open_ref(fitted.ref, options, backend=backend, offline=offline, report=report)
-    chat_repl.repl(loaded, params, system=system, limits=Limits(max_tokens, tuple(stop)),
-                   verbose=verbose > 0, use_cache=not no_cache, output=output, raw=raw,
-                   think=thinking, show_trace=show_by_default(show_thinking),
-                   grow=chat_repl.growing(ctx=ctx, kv_type=kv_type, memory_budget=memory_,
-                                          gpu_layers=parse_gpu_layers(gpu_layers),
+    loaded = load.open_ref(fitted.ref, options, backend=o.backend, offline=o.offline,
+                           report=report)
+    chat_repl.repl(loaded, params, system=o.system, limits=Limits(o.max_tokens, tuple(o.stop)),
+                   verbose=o.verbose > 0, use_cache=not o.no_cache, output=output, raw=o.raw,
+                   think=thinking, show_trace=show_by_default(o.show_thinking),
+                   grow=chat_repl.growing(ctx=o.ctx, kv_type=o.kv_type, memory_budget=o.memory_,
+                                          gpu_layers=parse_gpu_layers(o.gpu_layers),
                                           cpu_moe=fit.cpu_moe, options=options))
 
 

@@ -16,7 +16,10 @@ from localinfer.cli import console, http_client
 from localinfer.errors import LocalinferError, UsageError
 from localinfer.units import human_size
 
-TIMEOUT_S = 30.0        # a server busy loading a model still answers /api/ps at once
+# A server busy loading a model still answers /api/ps and a stop at once; a list of the models
+# loaded is a few hundred bytes a model.
+LIMITS = http_client.Limits(wait_s=30.0, reply_s=30.0, max_bytes=4 << 20)
+MAX_COUNT = 1 << 62         # a size or a context length no machine has: the reply is not /api/ps
 
 
 def register(app: typer.Typer) -> None:
@@ -41,10 +44,10 @@ def ps(url: Optional[str] = _url_option(), port: int = _port_option()) -> None:
     localinfer ps
     localinfer ps --url http://gpu-box:8080
     """
-    models = _call(_base(url, port), "/api/ps")["models"]
-    rows = [[m.get("name", "?"), human_size(m.get("size", 0)), _processor(m),
-             f"{m['context_length']:,}" if isinstance(m.get("context_length"), int) else "",
-             _until(m.get("expires_at"))] for m in models if isinstance(m, dict)]
+    models = _loaded(_base(url, port))
+    rows = [[m["name"], human_size(m.get("size") or 0), _processor(m),
+             f"{m['context_length']:,}" if m.get("context_length") is not None else "",
+             _until(m.get("expires_at"))] for m in models]
     if not rows:
         console.note("no models loaded")
         return
@@ -60,7 +63,7 @@ def stop(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
     localinfer stop smollm2-135m-instruct:Q4_1
     """
     base = _base(url, port)
-    loaded = [m.get("name") for m in _call(base, "/api/ps")["models"] if isinstance(m, dict)]
+    loaded = [m["name"] for m in _loaded(base)]
     if model not in loaded and f"{model}:latest" not in loaded:
         shown = ", ".join(console.clean(name) for name in loaded)     # the server's own names
         raise UsageError(f"{console.clean(model)} is not loaded on {base}; loaded: "
@@ -89,7 +92,7 @@ def server_url(url: str, option: str) -> str:
 
 def _call(base: str, path: str, body: dict | None = None) -> dict:
     """One request to the server; its JSON object. Any failure is one LocalinferError line."""
-    reply = http_client.exchange(base, path, body, timeout=TIMEOUT_S)
+    reply = http_client.exchange(base, path, body, limits=LIMITS)
     if not 200 <= reply.status < 300:
         raise LocalinferError(f"{base}{path}: {reply.status} {reply.error()[0]}")
     try:
@@ -97,10 +100,28 @@ def _call(base: str, path: str, body: dict | None = None) -> dict:
     except ValueError:
         raise LocalinferError(f"{base}{path} did not answer with JSON: is it a localinfer or "
                               "Ollama server?") from None
-    if not isinstance(answer, dict) or (path == "/api/ps" and
-                                        not isinstance(answer.get("models"), list)):
-        raise LocalinferError(f"{base}{path} answered with something else than expected")
+    if not isinstance(answer, dict):
+        raise LocalinferError(f"{base}{path} answered with something else than a JSON object: "
+                              "is it a localinfer or Ollama server?")
     return answer
+
+
+def _loaded(base: str) -> list[dict]:
+    """/api/ps's models, each checked to hold what ps shows of it as Ollama's API has it."""
+    models = _call(base, "/api/ps").get("models")
+    if not isinstance(models, list) or not all(map(_is_model, models)):
+        raise LocalinferError(f"{base}/api/ps answered with something else than a list of "
+                              "models: is it a localinfer or Ollama server?")
+    return models
+
+
+def _is_model(model: object) -> bool:
+    def count(key: str) -> bool:
+        value = model.get(key)
+        return value is None or (type(value) is int and 0 <= value < MAX_COUNT)
+    return (isinstance(model, dict) and isinstance(model.get("name"), str)
+            and all(map(count, ("size", "size_vram", "context_length")))
+            and isinstance(model.get("expires_at") or "", str))
 
 
 def _processor(model: dict) -> str:

@@ -230,7 +230,6 @@ def cli_with(limits: str, *args: str, home: Path, input: str | None = None,
 
 
 SHORT = ("from localinfer.cli import http_client, server_client, map_remote\n"
-         "server_client.TIMEOUT_S = map_remote.ANSWER_TIMEOUT_S = 1.5\n"
          "server_client.LIMITS = map_remote.LIMITS = http_client.Limits(1.5, 1.5, 4 << 20)")
 
 

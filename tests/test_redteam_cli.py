@@ -239,3 +239,20 @@ def test_run_only_options_without_a_prompt_on_a_terminal_are_refused(tmp_path: P
     assert plain(screen).strip() == ("localinfer: error: --draft, --json need a PROMPT: with "
                                      "none, on a terminal, run opens a chat, which has no such "
                                      "options"), screen
+
+
+# -- 26: no speed-up estimate when nothing was drafted --------------------------------------------
+def test_nothing_drafted_gives_no_speedup_estimate():
+    from localinfer.speculate.choose import describe
+    from localinfer.speculate.verify import SpecStats
+    idle = SpecStats(drafter="lookup", generated_tokens=24, decode_s=1.0, plain_step_s=0.05,
+                     rounds=23, chunk=8)
+    assert idle.speedup is None and idle.as_dict()["speculation"]["speedup_vs_plain_estimate"] \
+        is None
+    line = describe(idle)
+    assert "nothing drafted" in line and "x vs plain" not in line and "accepted" not in line
+    busy = SpecStats(drafter="lookup", generated_tokens=24, decode_s=1.0, plain_step_s=0.05,
+                     drafted=10, accepted=5, rounds=12, chunk=8)
+    assert busy.as_dict()["speculation"]["speedup_vs_plain_estimate"] == 1.15
+    assert "accepted 5 (50%)" in describe(busy) and "1.15x vs plain estimate" in describe(busy)
+

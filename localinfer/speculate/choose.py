@@ -163,6 +163,9 @@ def speculative(target: LoadedModel, cache: KVCache, prompt: Sequence[int],
 
 def describe(stats: SpecStats) -> str:
     """The -v line: what was drafted and kept, and the decode speed-up against plain decoding."""
+    if stats.drafted == 0:
+        return (f"speculation: {stats.drafter} · nothing drafted: the drafter had no guess to "
+                "offer, so the decoding was plain (no speed-up to estimate)")
     speedup = f"{stats.speedup:.2f}x vs plain estimate" if stats.speedup else "no plain estimate"
     return (f"speculation: {stats.drafter} · drafted {stats.drafted} · accepted {stats.accepted} "
             f"({stats.acceptance:.0%}) in {stats.rounds} rounds · verify chunk ≤ {stats.chunk} · "

@@ -44,11 +44,13 @@ class SpecStats(Stats):
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
-    def speedup(self) -> float:
-        """Decode time plain decoding would have taken (steps × measured step) over the actual."""
+    def speedup(self) -> float | None:
+        """Decode time plain decoding would have taken (steps × measured step) over the actual;
+        None without a figure to give: nothing drafted (the decoding was plain, and a ratio
+        would only measure noise), or no step measured."""
         steps = self.generated_tokens - 1
-        if steps <= 0 or self.decode_s <= 0 or self.plain_step_s <= 0:
-            return 0.0
+        if self.drafted == 0 or steps <= 0 or self.decode_s <= 0 or self.plain_step_s <= 0:
+            return None
         return steps * self.plain_step_s / self.decode_s
 
     def as_dict(self) -> dict:
@@ -56,7 +58,8 @@ class SpecStats(Stats):
             "drafter": self.drafter, "drafted": self.drafted, "accepted": self.accepted,
             "acceptance": round(self.acceptance, 4), "rounds": self.rounds,
             "verify_chunk": self.chunk, "plain_step_ms": round(self.plain_step_s * 1000, 3),
-            "speedup_vs_plain_estimate": round(self.speedup, 3)}}
+            "speedup_vs_plain_estimate": None if self.speedup is None
+            else round(self.speedup, 3)}}
 
 
 class SamplingPolicy:

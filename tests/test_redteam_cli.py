@@ -47,7 +47,8 @@ def bad_template(smollm_path: Path, tmp_path_factory) -> Path:
     from gguf_patch import splice, value_span
     start, end, _ = value_span(smollm_path, "tokenizer.chat_template")
     path = tmp_path_factory.mktemp("bad-template") / "bad-template.gguf"
-    return splice(smollm_path, path, start, end, struct.pack("<Q", len(BAD_TEMPLATE)) + BAD_TEMPLATE)
+    value = struct.pack("<Q", len(BAD_TEMPLATE)) + BAD_TEMPLATE
+    return splice(smollm_path, path, start, end, value)
 
 
 def test_run_and_chat_name_the_file_of_a_template_that_is_not_utf8(bad_template: Path):
@@ -256,3 +257,27 @@ def test_nothing_drafted_gives_no_speedup_estimate():
     assert busy.as_dict()["speculation"]["speedup_vs_plain_estimate"] == 1.15
     assert "accepted 5 (50%)" in describe(busy) and "1.15x vs plain estimate" in describe(busy)
 
+
+# -- 25: --think on a model that does not think; --think with a value it does not take -----------
+@pytest.mark.parametrize("args, word", [(("run", "smollm2", "Hi", "--think", "maybe"), "maybe"),
+                                        (("run", "smollm2", "--think", "maybe", "Hi"), "maybe"),
+                                        (("chat", "smollm2", "--think", "yes"), "yes")])
+def test_a_think_value_it_does_not_take_is_named(tmp_path: Path, args: tuple[str, ...],
+                                                 word: str):
+    result = run_cli(*args, home=home_with(tmp_path))
+    assert result.returncode == 2
+    assert error_line(result) == (f"localinfer: error: --think must be one of on, off, low, "
+                                  f"medium, high (got '{word}'); --think alone means --think on")
+
+
+def test_thinking_asked_of_a_model_that_does_not_think_is_refused(models_home: Path):
+    refusal = ("localinfer: error: smollm2-135m-instruct:Q4_1 does not think: its chat template "
+               "writes no thinking trace; drop ")
+    for asked, named in [(("--think",), "--think on"), (("--think", "high"), "--think high"),
+                         (("--think-budget", "4"), "--think-budget")]:
+        result = run_cli("run", "smollm2", "Hi", *QUICK, "--draft", "none", *asked)
+        assert result.returncode == 2 and error_line(result) == refusal + named, result.stderr
+    chat = run_cli("chat", "smollm2", *QUICK, "--think", "on", input="Hi\n")
+    assert chat.returncode == 2 and error_line(chat) == refusal + "--think on", chat.stderr
+    off = run_cli("run", "smollm2", "Hi", *QUICK, "--draft", "none", "--think", "off")
+    assert off.returncode == 0 and off.stdout.strip(), off.stderr

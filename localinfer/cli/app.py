@@ -18,6 +18,7 @@ from localinfer import settings
 from localinfer.cli import (batch, cache, console, embed, generate, measure, models, serve,
                             server_client, shell, show, worker)
 from localinfer.cli import help_style
+from localinfer.cli.options import misread_think
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
 
 help_style.apply()
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     console.set_debugging("--debug" in args)
-    args = optional_think_value([a for a in args if a != "--debug"])
+    typed = [a for a in args if a != "--debug"]
+    args = optional_think_value(typed)
     if COMPLETE_VAR in os.environ:   # a shell asking for completions: click's own protocol
         typer.main.get_command(app).main(args, prog_name="localinfer", complete_var=COMPLETE_VAR)
     shell.guard_standard_streams()
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(EXIT_USAGE)
     except _ClickUsageError as e:
-        _fail(e.format_message(), EXIT_USAGE, e)
+        _fail(misread_think(typed, e.format_message()) or e.format_message(), EXIT_USAGE, e)
     except (KeyboardInterrupt, *_CLICK_ABORT):
         _flush_quietly()
         sys.exit(EXIT_INTERRUPTED)

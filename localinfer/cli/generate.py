@@ -245,6 +245,7 @@ def open_chat(o: ChatOptions) -> None:
     from localinfer.engine.sampling import SamplingParams
     from localinfer.engine.structured import from_options
     from localinfer.pipeline import load
+    from localinfer.thinking.setup import check_asked, style_of
     _check_max_tokens(o.max_tokens)
     params = SamplingParams(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                             repeat_penalty=o.repeat_penalty, seed=o.seed)
@@ -259,6 +260,7 @@ def open_chat(o: ChatOptions) -> None:
     options = fitted.options
     loaded = load.open_ref(fitted.ref, options, backend=o.backend, offline=o.offline,
                            report=report)
+    check_asked(style_of(loaded.session, [], o.raw), thinking, loaded.ref.display, o.raw)
     chat_repl.repl(loaded, params, system=o.system, limits=Limits(o.max_tokens, tuple(o.stop)),
                    verbose=o.verbose > 0, use_cache=not o.no_cache, output=output, raw=o.raw,
                    think=thinking, show_trace=show_by_default(o.show_thinking),

@@ -192,6 +192,23 @@ def think_settings(think: str | None, no_think: bool, budget: int | None):
     return Think("off" if no_think else check_think(think), budget)
 
 
+def misread_think(args: list[str], message: str) -> str | None:
+    """The line for click's "unexpected extra argument" when a word after a bare `--think` was
+    meant as its value (`--think maybe`): `--think` alone is `--think on` (cli.app), so the word
+    became an argument, one too many. `args`: the command line as typed."""
+    from localinfer.thinking.style import THINK_VALUES
+    if "unexpected extra argument" not in message:
+        return None
+    args = args[:args.index("--")] if "--" in args else args
+    words = [after for arg, after in zip(args, args[1:])
+             if arg == "--think" and after not in THINK_VALUES and not after.startswith("-")]
+    if not words:
+        return None
+    shown = words[0] if len(words[0]) <= 40 else words[0][:37] + "..."
+    return (f"--think must be one of {', '.join(THINK_VALUES)} (got {shown!r}); --think alone "
+            "means --think on")
+
+
 def check_threads(value: int) -> int:
     top = max_threads()
     if not 0 <= value <= top:

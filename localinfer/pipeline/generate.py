@@ -43,6 +43,7 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
     cache = KVCache(session, store)
     grammar = session.grammar(output.gbnf) if output else None
     style = setup.style_of(session, tokens, raw)
+    setup.check_asked(style, think, loaded.ref.display, raw)
     # A constrained answer asked for with no -n ends within its grammar's bound (or the reply room).
     limits = replace(limits, max_tokens=answer_limit(output, limits.max_tokens,
                                                      thinks=style is not None))

@@ -83,6 +83,19 @@ def _one_token(session: Session, text: str) -> int | None:
     return tokens[0] if len(tokens) == 1 and session.token_text(tokens[0]) == text else None
 
 
+def check_asked(style: Style | None, think: Think, name: str, raw: bool = False) -> None:
+    """UsageError when `think` asks for thinking (--think on or an effort, --think-budget) of a
+    model that writes no trace: nothing would honour it. The server refuses the same with a 400
+    in the same words (server/ollama.py). `--think off` asks nothing of such a model."""
+    from localinfer.errors import UsageError
+    asked = [f"--think {think.think}"] if think.think not in (None, "off") else []
+    asked += ["--think-budget"] if think.budget is not None else []
+    if style is None and asked:
+        raise UsageError(f"{name} does not think: its chat template writes no thinking trace"
+                         + (" (and --raw sends no template)" if raw else "")
+                         + f"; drop {' and '.join(asked)}")
+
+
 def no_answer(in_trace: bool, finish: str, max_tokens: int, n_ctx: int) -> str | None:
     """Why the model wrote no answer (its trace used up -n or the context, or it ended there),
     or None when the answer began."""

@@ -117,7 +117,7 @@ def run(
                        output=output, use_cache=not no_cache, think=thinking)
     loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
                                           threads=threads, engine_log=engine_log(verbose),
-                                          probe_note=console.interactive())
+                                          probe_note=True)
     session = loaded.session
     if system and not raw and not uses_chat_template(session, raw):
         console.warn("this model has no chat template; --system is ignored")

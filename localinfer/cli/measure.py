@@ -102,7 +102,8 @@ def _bench_speculation(loaded: LoadedModel, draft: str, *, n_gen: int, repetitio
     drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
                                   notify=console.note)
     result = speculation.measure(loaded, drafter, n_gen=n_gen, repetitions=repetitions,
-                                 progress=console.note if console.interactive() else None)
+                                 progress=console.note if console.interactive() else None,
+                                 notify=console.note)
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
         return
@@ -130,6 +131,10 @@ def quantize_cmd(
                                           help="Quantize an already quantized model (loses quality)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the exact size and memory; write nothing."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    check_batching: bool = typer.Option(False, "--check-batching", help="Also make now the "
+                                        "check of how the result batches that its first run "
+                                        "with speculative decoding would make (seconds to "
+                                        "minutes; once per model)."),
     as_json: bool = json_option("With --dry-run: print JSON."),
     threads: int = threads_option(),
     offline: bool = offline_option("Never download the source."),
@@ -152,12 +157,14 @@ def quantize_cmd(
                           force=force, progress=progress, warn=console.warn)
     label = f"{job.name}:{job.qtype}" if job.store else str(job.output)
     console.note(f"{label}: {human_size(size)} written to {job.output}")
+    if not check_batching:      # the first run makes it, and says so
+        return
     # A new quant type batches differently: its first run's exactness probe, made now.
     from localinfer.fit import auto
     from localinfer.fit.rules import MIN_CTX
     from localinfer.speculate import choose
     choose.probe_ahead(job.output, label, place=lambda p: auto.place_file(p, n_ctx=MIN_CTX),
-                       notify=console.note if console.interactive() else None, warn=console.warn)
+                       notify=console.note, warn=console.warn)
 
 
 def _show_plan(job: Job, plan: QuantPlan, *, ctx_sizes: tuple[int, ...], as_json: bool) -> None:

@@ -49,7 +49,7 @@ def pull(model: str = model_argument("Catalogue name or alias[:QUANT], hf:OWNER/
     console.note(f"{ref.display} is at {path}")
     # The probe a first run would make, made now: the model is on disk, the user is waiting anyway.
     choose.probe_ahead(path, ref.display, place=lambda p: auto.place_file(p, n_ctx=MIN_CTX),
-                       notify=console.note if console.interactive() else None, warn=console.warn)
+                       notify=console.note, warn=console.warn)
 
 
 def list_models(

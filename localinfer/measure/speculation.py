@@ -75,10 +75,12 @@ def long_task(loaded: LoadedModel, document: str) -> list[int]:
 def measure(loaded: LoadedModel, drafter: Drafter, *, n_gen: int, repetitions: int,
             max_draft: int = 8, adaptive: bool = True,
             progress: Callable[[str], None] | None = None,
-            tasks: dict[str, list[int]] | None = None) -> dict:
-    """`tasks`: prompts (tokens) by name; tasks_for's by default."""
+            tasks: dict[str, list[int]] | None = None,
+            notify: Callable[[str], None] | None = None) -> dict:
+    """`tasks`: prompts (tokens) by name; tasks_for's by default. `notify` hears one line before
+    the exactness probe, when it must run first."""
     cache = KVCache(loaded.session)
-    chunk = choose.exact_chunk(loaded)
+    chunk = choose.exact_chunk(loaded, notify=notify)
     results = {}
     for name, prompt in (tasks or tasks_for(loaded)).items():
         plain, spec, identical, last = [], [], True, None

@@ -40,6 +40,7 @@ PROBED_POSITIONS = 16   # positions compared after each prefix
 # Gemma 3 270M took about 4 s each); a machine's own probes scale it (`slowdown` in the cache file).
 PROBE_BASE_S = 3.0
 PROBE_S_PER_MB = 0.01
+PROBE_THREADS = 2       # the threads those constants were measured with
 
 
 def probe_tokens(session: Session) -> list[int]:
@@ -99,10 +100,12 @@ def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Pa
     if isinstance(entry, dict) and _whole(entry.get("viewed")) >= viewed:
         return max(1, min(_whole(entry.get("exact")), MAX_PROBED))
     expected = PROBE_BASE_S + PROBE_S_PER_MB * model_path.stat().st_size / 1e6
-    machine = f"{backend}|t{getattr(session, 'n_threads', 0)}"
+    threads = getattr(session, "n_threads", 0)
+    # Layers on a GPU or on --rpc workers run elsewhere, at another pace: a slowdown of their own.
+    placed = getattr(getattr(session, "offload", None), "gpu_layers", 0)
+    machine = f"{backend}|t{threads}" + (f"|g{placed}" if placed else "")
     if notify is not None:
-        seconds = expected * (known["slowdown"].get(machine) or _load_factor())
-        notify(f"checking once how this model batches, ~{max(1, round(seconds))} s")
+        notify(_announcement(expected, known["slowdown"].get(machine), threads, placed))
     start = time.perf_counter()
     value = probe(session, tokens)
     known = _read(cache_file)       # another process may have written meanwhile: keep its entries
@@ -110,6 +113,17 @@ def exact_batch(session: Session, model_path: Path, backend: str, cache_file: Pa
     known["slowdown"][machine] = (time.perf_counter() - start) / expected
     _write(cache_file, known)
     return value
+
+
+def _announcement(expected: float, slowdown: float | None, threads: int, placed: int) -> str:
+    """The line said before a probe: what runs, why, and for how long (unknown the first time
+    layers run on a GPU or a worker)."""
+    what = "checking once how this model batches"
+    if slowdown is None and placed:
+        return f"{what} (the first time on this placement: how long is not known yet)"
+    if slowdown is None:        # fewer threads than the constants' take longer
+        slowdown = _load_factor() * (max(1.0, PROBE_THREADS / threads) if threads else 1.0)
+    return f"{what}, ~{max(1, round(expected * slowdown))} s"
 
 
 def _load_factor() -> float:

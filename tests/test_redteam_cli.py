@@ -258,6 +258,15 @@ def test_nothing_drafted_gives_no_speedup_estimate():
     assert "accepted 5 (50%)" in describe(busy) and "1.15x vs plain estimate" in describe(busy)
 
 
+def test_a_run_whose_lookup_drafts_nothing_says_so(models_home: Path):
+    result = run_cli("run", "smollm2", "Hi", *QUICK, "--draft", "lookup", "-v", "--json")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)["speculation"]
+    assert spec["drafted"] == 0 and spec["speedup_vs_plain_estimate"] is None, spec
+    assert "speculation: lookup · nothing drafted" in result.stderr, result.stderr
+    assert "vs plain estimate" not in result.stderr
+
+
 # -- 25: --think on a model that does not think; --think with a value it does not take -----------
 @pytest.mark.parametrize("args, word", [(("run", "smollm2", "Hi", "--think", "maybe"), "maybe"),
                                         (("run", "smollm2", "--think", "maybe", "Hi"), "maybe"),

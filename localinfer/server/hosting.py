@@ -2,8 +2,11 @@
 (server/pool.py) and leased by a request for as long as its answer runs.
 
 A request's `model` is resolved as `run` resolves a MODEL (catalogue name or alias[:QUANT],
-hf:OWNER/REPO[:QUANT], a .gguf path) to the pool's key (server/loading.py's Loader.key), so an
-alias, another case or the variant's own name reach the same loaded model. Without --pull a model
+hf:OWNER/REPO[:QUANT]) to the pool's key (server/loading.py's Loader.key), so an alias, another
+case or the variant's own name reach the same loaded model. A name that arrives over the network
+reaches only the store, the catalogue and the models `serve` was started with (by any name they
+have, their files' too): anything that reads as a path is a 404 whose words are the same whether
+or not such a file exists, and nothing on the disk is looked at for it. Without --pull a model
 must be on disk already: a name the store and catalogue do not know, or a catalogue model not
 pulled, is a 404. The models named on the command line are loaded at start and, unless a request
 says otherwise, stay loaded.
@@ -28,12 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localinfer.errors import LocalinferError, ModelNotFound
+from localinfer.models import refs
 from localinfer.server.errors import BadRequest
 from localinfer.server.loading import Loader, ServedModel, names_of
 from localinfer.server.pool import Lease, Pool
 from localinfer.server.pool_state import Busy, Status, TooLarge
 
 KNOWN_NAMES = 1024      # names resolved to keys that are remembered (a client may send any)
+# A request's name that reads as a path: the same words for a file that exists and one that does not
+NOT_A_PATH = ("a request names a model of the store or the catalogue, or one serve was started "
+              "with, never a file")
 _BATCH_THREAD = ThreadPoolExecutor(1, thread_name_prefix="localinfer-batch-prepare")
 
 
@@ -53,6 +60,8 @@ class Models:
         store); a LocalinferError for a name that cannot be served."""
         if name in self._pinned:
             return self._pinned[name]
+        if refs.looks_like_path(name):      # decided on the text alone: the disk is not asked
+            raise ModelNotFound(NOT_A_PATH)
         with self._lock:            # requests resolve their names in threads of their own
             key = self._keys.get(name)
             if key is not None:

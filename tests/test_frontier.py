@@ -30,6 +30,9 @@ def test_frontier_command_with_two_types(smollm_path: Path, tmp_path: Path):
                      "--chunks", "1", "--json", "--plot", str(plot), home=tmp_path / "home",
                      timeout=900)
     assert result.returncode == 0, result.stderr
+    # The reference is the shipped Q4_1 upcast to F16, and its files stay for `cache clear`.
+    assert json.loads(result.stdout)["reference_upcast_from"] == "Q4_1"
+    assert "Q4_1 weights upcast" in result.stderr and "cache clear frontier" in result.stderr
     variants = json.loads(result.stdout)["variants"]
     assert [v["qtype"] for v in variants] == ["Q8_0", "Q4_0"]
     q8, q4 = variants

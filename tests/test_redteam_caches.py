@@ -51,3 +51,69 @@ def test_the_checks_estimate_counts_threads_and_knows_what_it_cannot_know(monkey
     assert "~6 s" in exactness._announcement(4.0, 1.5, 1, 0)        # a measured slowdown wins
     placed = exactness._announcement(4.0, None, 2, 24)              # a GPU or workers: unknown
     assert placed.startswith(CHECK) and "~" not in placed
+
+
+# -- 28: every cache, in stats and clear -------------------------------------------------------
+def _home_with_every_cache(tmp_path: Path) -> tuple[Path, dict[str, int], list[Path]]:
+    """A home holding a file in every cache (bytes each), the files no clear may touch, and a
+    link from a cache to a file outside it."""
+    from localinfer.cache.prompt_cache import PromptCache
+    home = tmp_path / "home"
+    cache, models = home / "cache", home / "data/models"
+    PromptCache(cache / "prompts", {"model": "m"}, label="m", cap_bytes=1 << 30).save(
+        list(range(80)), b"\1" * 5000)
+    planted = {cache / "exact_batch.json": 300, cache / "frontier/smollm2/smollm2-F16.gguf": 7000,
+               models / ".mlx/m-abc.safetensors": 900, models / ".onnx/m-abc/weights.bin": 1100,
+               cache / "digests.json": 40}
+    for path, size in planted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+    kept = [models / "smollm2/smollm2-Q4_1.gguf", home / "config/config.toml",
+            tmp_path / "outside.txt"]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# keep\n")
+    (cache / "frontier/smollm2/link.gguf").symlink_to(tmp_path / "outside.txt")
+    sizes = {"batching": 300, "frontier": 7000 + len(str(tmp_path / "outside.txt")), "mlx": 900,
+             "onnx": 1100, "other": 40}
+    return home, sizes, kept
+
+
+def test_cache_stats_and_clear_cover_every_cache_the_tool_writes(tmp_path):
+    home, sizes, kept = _home_with_every_cache(tmp_path)
+    stats = json.loads(run_cli("cache", "stats", "--json", home=home).stdout)
+    assert stats["entries"] == 1 and stats["bytes"] > 5000              # the prompt cache, as before
+    assert {c["name"]: c["bytes"] for c in stats["caches"]} == sizes
+    assert stats["total_bytes"] == stats["bytes"] + sum(sizes.values())
+    shown = run_cli("cache", "stats", home=home).stdout
+    assert all(f"{name}: " in shown for name in sizes)
+    cleared = run_cli("cache", "clear", home=home)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "frontier: removed 2 files" in cleared.stderr and "prompts: removed 1 entry" in \
+        cleared.stderr
+    after = json.loads(run_cli("cache", "stats", "--json", home=home).stdout)
+    assert after["total_bytes"] == 0
+    assert all(path.read_text() == "# keep\n" for path in kept)             # models, config, a link's target
+
+
+def test_cache_clear_takes_the_caches_by_name(tmp_path):
+    home, sizes, _ = _home_with_every_cache(tmp_path)
+    assert run_cli("cache", "clear", "frontier", "other", home=home).returncode == 0
+    left = json.loads(run_cli("cache", "stats", "--json", home=home).stdout)
+    assert {c["name"]: c["bytes"] for c in left["caches"]} == {**sizes, "frontier": 0, "other": 0}
+    assert left["entries"] == 1
+    wrong = run_cli("cache", "clear", "prompt", home=home)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip() == ("localinfer: error: no cache named 'prompt'; the caches are "
+                                    "prompts, batching, frontier, mlx, onnx, other")
+
+
+def test_frontier_says_its_reference_is_an_upcast(smollm_path, tmp_path):
+    from localinfer.measure import frontier
+    assert frontier.source_precision(smollm_path) == "Q4_1"
+    note = frontier.upcast_note(smollm_path)
+    assert "Q4_1 weights upcast" in note and "against Q4_1" in note
+    f16 = tmp_path / "smol-F16.gguf"
+    from localinfer.quant import quantize
+    quantize.quantize_file(smollm_path, f16, "F16", allow_requantize=True)
+    assert frontier.source_precision(f16) is None and frontier.upcast_note(f16) is None

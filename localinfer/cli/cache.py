@@ -1,4 +1,5 @@
-"""`localinfer cache ls|stats|clear`: look at and empty the persistent prompt cache."""
+"""`localinfer cache ls|stats|clear`: look at the persistent prompt cache, and measure and empty
+every cache the tool writes (cache/kinds.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import typer
 
 from localinfer import settings
 from localinfer.cli import console
+from localinfer.errors import UsageError
 from localinfer.units import counted, human_size
 
 # prompt_cache (and its numpy) is imported by each command: this module is loaded for every
 # `localinfer` invocation, because the main app registers it as a sub-command.
 
-app = typer.Typer(help="The prompt cache: KV states of earlier prompts, reused automatically.\n\n"
-                  "\b\nlocalinfer cache stats\nlocalinfer cache ls --json\nlocalinfer cache clear",
-                  no_args_is_help=True)
+app = typer.Typer(help="The caches: the prompt cache (KV states of earlier prompts, reused "
+                  "automatically), the batching check's verdicts, frontier's files, MLX and ONNX "
+                  "conversions.\n\n\b\nlocalinfer cache stats\nlocalinfer cache ls --json\n"
+                  "localinfer cache clear", no_args_is_help=True)
 
 
 @app.command("ls")
@@ -39,27 +42,51 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
 
 @app.command()
 def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Entries, bytes used and the cap."""
-    from localinfer.cache import prompt_cache
+    """The prompt cache's entries, bytes and cap, then every other cache's files and bytes."""
+    from localinfer.cache import kinds, prompt_cache
     conf = settings.load()
     use = prompt_cache.usage(conf.prompt_cache_dir)
     cap = conf.prompt_cache_bytes
     cap = prompt_cache.DEFAULT_CAP_BYTES if cap is None else cap
+    others = [kinds.usage(kind) for kind in kinds.kinds(conf) if kind.name != kinds.PROMPTS]
+    total = use.bytes + sum(u.bytes for u in others)
     record = {"entries": use.entries, "bytes": use.bytes, "tokens": use.tokens, "cap_bytes": cap,
-              "path": str(conf.prompt_cache_dir)}
+              "path": str(conf.prompt_cache_dir), "total_bytes": total,
+              "caches": [{"name": u.kind.name, "what": u.kind.what, "files": u.files,
+                          "bytes": u.bytes, "paths": [str(p) for p in u.kind.paths]}
+                         for u in others]}
     if as_json:
         typer.echo(json.dumps(record))
         return
     typer.echo(f"{counted(use.entries, 'entry', 'entries')} · {counted(use.tokens, 'token')} · {human_size(use.bytes)} "
                f"of {human_size(cap)} · {conf.prompt_cache_dir}")
+    for u in others:
+        where = str(u.kind.paths[0]) if len(u.kind.paths) == 1 else str(conf.cache_dir)
+        typer.echo(f"{u.kind.name}: {counted(u.files, 'file')} · {human_size(u.bytes)} · "
+                   f"{u.kind.what} · {where}")
+    typer.echo(f"in all: {human_size(total)} (`localinfer cache clear` empties every cache)")
 
 
 @app.command()
-def clear() -> None:
-    """Delete every entry."""
-    from localinfer.cache import prompt_cache
-    gone = prompt_cache.clear(settings.load().prompt_cache_dir)
-    console.note(f"removed {counted(gone.entries, 'entry', 'entries')} ({human_size(gone.bytes)})")
+def clear(names: list[str] = typer.Argument(None, metavar="[CACHE]...", show_default=False,
+                                            help="prompts, batching, frontier, mlx, onnx, other "
+                                            "(default: all).")) -> None:
+    """Empty every cache the tool writes, or the ones named."""
+    from localinfer.cache import kinds
+    every = kinds.kinds(settings.load())
+    known = [kind.name for kind in every]
+    unknown = [name for name in names or () if name not in known]
+    if unknown:
+        raise UsageError(f"no cache named {console.clean(unknown[0])!r}; the caches are "
+                         f"{', '.join(known)}")
+    gone = [kinds.clear(kind) for kind in every if not names or kind.name in names]
+    for u in gone:
+        if u.files:
+            unit = ("entry", "entries") if u.kind.name == kinds.PROMPTS else ("file", "files")
+            console.note(f"{u.kind.name}: removed {counted(u.files, *unit)} "
+                         f"({human_size(u.bytes)})")
+    if not any(u.files for u in gone):
+        console.note("nothing to remove: the caches were empty")
 
 
 def _ago(when: float) -> str:

@@ -270,6 +270,9 @@ def frontier_cmd(
 ) -> None:
     """Quantize to several types and measure size, memory, speed and quality; mark the frontier.
 
+    Quality is against the source quantized to F16: from a quantized source an upcast, which
+    measures each type against the source's weights (stderr says so).
+
     \b
     localinfer frontier smollm2 --types Q8_0,Q4_K_M,Q4_0 --plot frontier.png
     """
@@ -285,8 +288,13 @@ def frontier_cmd(
                                          threads=threads, note=console.note)
     if plot is not None:
         frontier.plot(points, plot, f"{job.name}: quality vs speed and size")
+    upcast = frontier.source_precision(job.source)
+    kept = sum(p.stat().st_size for p in workdir.glob("*.gguf"))
+    console.note(f"its files ({human_size(kept)}) stay in {workdir} for the next run; "
+                 "`localinfer cache clear frontier` removes them")
     if as_json:
-        sys.stdout.write(frontier.to_json(reference, points) + "\n")
+        sys.stdout.write(frontier.to_json(reference, points, upcast) + "\n")
         return
     console.print_table(frontier.HEADERS, frontier.as_rows(points))
-    console.note(f"* on the efficient frontier; quality against {reference.name}")
+    console.note(f"* on the efficient frontier; quality against {reference.name}"
+                 + (f" (the {upcast} source upcast)" if upcast else ""))

@@ -5,6 +5,10 @@ For every type: file size, estimated and measured peak memory, prefill and decod
 mean KL and top-1 agreement against the highest-precision variant. A variant is on the efficient
 frontier when no other variant is at least as good on quality and on speed (or on quality and on
 memory) and better on one of them.
+
+The reference is the source quantized to F16. From a quantized source (a catalogue's Q4_1, say)
+that is an upcast: it holds the source's own rounded weights, so the quality columns measure each
+type against the source, not against the model as trained, and it is said so (stderr, --json).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Callable
 
 from localinfer.backends import LoadOptions, get
 from localinfer.fit import memory
+from localinfer.gguf.header import read_header
 from localinfer.measure import quality
 from localinfer.quant import quantize
 
@@ -54,6 +59,9 @@ def measure(source: Path, types: list[str], workdir: Path, *, n_ctx: int, chunks
             threads: int = 0, note: Callable[[str], None] = lambda _: None) -> tuple[Path, list[Point]]:
     """Quantize `source` to each type (cached in `workdir`) and measure every variant."""
     workdir.mkdir(parents=True, exist_ok=True)
+    said = upcast_note(source)
+    if said:
+        note(said)
     reference = _variant(source, "F16", workdir, note)
     text = quality.default_text()
     options = LoadOptions(n_ctx=n_ctx, n_threads=threads, n_batch=n_ctx)
@@ -78,6 +86,28 @@ def measure(source: Path, types: list[str], workdir: Path, *, n_ctx: int, chunks
     ref_session.close()
     mark_frontier(points)
     return reference, points
+
+
+def source_precision(source: Path) -> str | None:
+    """The quantized type `source` holds (its file type, else its tensors' types), or None when
+    its weights are 16 or 32 bits wide: then the F16 reference is no upcast."""
+    header = read_header(source)
+    file_type = header.metadata.get("general.file_type")
+    named = {n: name for name, n in quantize.QUANT_TYPES.items()}.get(file_type) \
+        if type(file_type) is int else None
+    if named is None:
+        named = "+".join(sorted({t.type_name for t in header.tensors} - quantize.UNQUANTIZED))
+    return None if not named or named in quantize.UNQUANTIZED else named
+
+
+def upcast_note(source: Path) -> str | None:
+    """The line that says the reference is an upcast, and what that does to the numbers."""
+    upcast = source_precision(source)
+    if not upcast:
+        return None
+    return (f"the F16 reference is {source.name}'s {upcast} weights upcast, not the original "
+            f"model: KL and top-1 measure each type against {upcast} (types as precise as it "
+            "score near 0); a 16-bit source measures against the model as trained")
 
 
 def _variant(source: Path, qtype: str, workdir: Path, note: Callable[[str], None]) -> Path:
@@ -123,8 +153,10 @@ HEADERS = ["TYPE", "SIZE MB", "MEM EST MB", "MEM PEAK MB", "PREFILL t/s", "DECOD
            "KL", "TOP-1"]
 
 
-def to_json(reference: Path, points: list[Point]) -> str:
-    return json.dumps({"reference": str(reference), "variants": [asdict(p) for p in points]}, indent=2)
+def to_json(reference: Path, points: list[Point], upcast_from: str | None = None) -> str:
+    """`upcast_from`: the quantized type the F16 reference was made from (None: a 16-bit source)."""
+    return json.dumps({"reference": str(reference), "reference_upcast_from": upcast_from,
+                       "variants": [asdict(p) for p in points]}, indent=2)
 
 
 def plot(points: list[Point], path: Path, title: str) -> None:

@@ -117,3 +117,29 @@ def test_frontier_says_its_reference_is_an_upcast(smollm_path, tmp_path):
     from localinfer.quant import quantize
     quantize.quantize_file(smollm_path, f16, "F16", allow_requantize=True)
     assert frontier.source_precision(f16) is None and frontier.upcast_note(f16) is None
+
+
+# -- 24: which prompts the prompt cache keeps ------------------------------------------------------
+def test_the_readme_says_which_prompts_the_cache_keeps_and_it_does(smollm_path, tmp_path):
+    """Kept from 64 tokens (GRAIN), restored only into prompts of 128 or more, at a multiple of 64
+    leaving 64 to evaluate; three identical short prompts keep nothing, as the README now says."""
+    from localinfer.engine import batching
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    grain = batching.GRAIN
+    assert f"a prompt of {grain} tokens or more" in readme and f"of {2 * grain} or more" in readme
+    home = tmp_path / "home"
+
+    def run(words: int) -> str:
+        result = run_cli("run", str(smollm_path), " ".join(["word"] * words), "--raw", "-n", "1",
+                         "--temp", "0", "--draft", "none", "-v", home=home)
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    def entries() -> int:
+        return json.loads(run_cli("cache", "stats", "--json", home=home).stdout)["entries"]
+    for _ in range(3):
+        run(36)
+    assert entries() == 0
+    run(grain + 2)
+    assert entries() == 1
+    assert f"prompt cache: hit · {grain} tokens restored" in run(2 * grain + 8)

@@ -157,6 +157,25 @@ def test_the_file_serve_was_started_with_is_served_by_its_names(server):
         assert status == 200 and reply["done"], (name, reply)
 
 
+def test_a_damaged_store_file_is_left_out_of_the_lists_and_logged_once(server):
+    """Issue 41 item 4: one damaged file made /api/tags a 500. A file cut short (in its header, or
+    in the tensors its header describes) is left out of every list, with one log line each; a
+    request for it fails alone, the other models serving on."""
+    for _ in range(2):
+        listed = {m["name"] for m in server.get("/api/tags")["models"]}
+        assert listed == {"smollm2-135m-instruct-Q4_1.gguf:latest", "gemma-3-270m:Q4_K_M"} \
+            or listed == {"served.gguf:latest", "gemma-3-270m:Q4_K_M"}
+        assert {m["id"] + ":latest" for m in server.get("/v1/models")["data"]} - listed \
+            == {"gemma-3-270m:Q4_K_M:latest"}
+    for name in ("damaged-model", "broken-model"):
+        assert server.log.count(f"left out of the model lists: {server.store}/{name}/") == 1
+        status, reply = server.post("/v1/completions", {"model": f"{name}:Q4_1",
+                                                        "prompt": "Hi", "max_tokens": 2})
+        assert status == 500 and name in _message(reply), reply
+    assert server.post("/v1/completions", {"model": "served.gguf", "prompt": "Hi",
+                                            "max_tokens": 2})[0] == 200
+
+
 def test_a_store_file_removed_while_loaded_serves_until_unloaded_then_is_a_404(server,
                                                                              models_home):
     copy = server.store / "copy-model" / "copy-model-Q4_1.gguf"

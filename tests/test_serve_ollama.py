@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import urllib.error
 import urllib.request
 
@@ -191,7 +192,12 @@ def test_tags_ps_show_and_version(smollm, smollm_path):
     assert listed.model == SMOLLM_NAME and listed.size == smollm_path.stat().st_size
     assert SMOLLM_NAME not in {m.model for m in on_disk}
     from helpers import sha256_of
-    assert listed.digest == sha256_of(smollm_path)
+    # the digest is computed in the background: "" until it is known, then the file's sha256
+    deadline = time.monotonic() + 60
+    while listed.digest != sha256_of(smollm_path):
+        assert listed.digest == "" and time.monotonic() < deadline, listed.digest
+        time.sleep(0.1)
+        listed = client.list().models[0]
     assert listed.details.format == "gguf" and listed.details.family == "llama"
     assert listed.details.parameter_size == "135M"
     assert listed.details.quantization_level == "Q4_1"

@@ -167,7 +167,7 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
                 queue_limit=parallel + queue, log=console.note if verbose else lambda line: None,
                 fault=console.error)
     try:
-        hosted = Models(loader, pool, pull=pull)
+        hosted = Models(loader, pool, pull=pull, log=console.error)
         loaded = [hosted.preload(model) for model in models]
         for model in loaded:
             if defaults.system is not None and not _uses_template(model.session):

@@ -29,10 +29,12 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from localinfer.errors import LocalinferError, ModelNotFound
 from localinfer.models import refs
 from localinfer.server.errors import BadRequest
+from localinfer.server.file_facts import FileFacts
 from localinfer.server.loading import Loader, ServedModel, names_of
 from localinfer.server.pool import Lease, Pool
 from localinfer.server.pool_state import Busy, Status, TooLarge
@@ -47,8 +49,10 @@ _BATCH_THREAD = ThreadPoolExecutor(1, thread_name_prefix="localinfer-batch-prepa
 class Models:
     """The pool, and the names that reach its models."""
 
-    def __init__(self, loader: Loader, pool: Pool[ServedModel], *, pull: bool = False) -> None:
+    def __init__(self, loader: Loader, pool: Pool[ServedModel], *, pull: bool = False,
+                 log: Callable[[str], None] = lambda line: None) -> None:
         self.loader, self.pool, self.pull = loader, pool, pull
+        self.facts = FileFacts(log)     # what the lists say of each file, read once
         self._keys: OrderedDict[str, str] = OrderedDict()     # a request's name -> pool key
         self._pinned: dict[str, str] = {}    # the command line's models: every name -> key
         self._kept: set[str] = set()          # their keys: kept loaded unless a request says
@@ -100,14 +104,15 @@ class Models:
 
     def files(self) -> list[tuple[str, Path]]:
         """(name, file) of every model that can be served without a download: the models loaded,
-        by the name each answers with, then every model on disk as NAME:QUANT (/api/tags).
-        Blocking: reads the store."""
+        by the name each answers with, then every model on disk as NAME:QUANT (/api/tags), but
+        a file whose header cannot be read (logged once). Blocking: reads the store and, once
+        per file, its header."""
         from localinfer.models import hub, refs
         shown = {m.names[0]: m.path for m in self._models()}
         loaded = {path.resolve() for path in shown.values() if path is not None}
         store = refs.model_store()
         for stored in store.installed():
-            if stored.path.resolve() not in loaded:
+            if stored.path.resolve() not in loaded and self.facts.readable(stored.path):
                 name = f"{hub.stored_name(store, stored.name)}:{stored.quant}"
                 shown.setdefault(name, stored.path)
         return list(shown.items())

@@ -11,24 +11,25 @@ general.file_type), `model_info` (the header's entries: general.architecture,
 {arch}.context_length, ...; the vocabulary's long arrays named with null, with or without
 `verbose`), `template` (the model's chat template, Jinja here, not Ollama's Go template),
 `parameters` (serve's sampling defaults, which requests that set none get) and `capabilities`.
-`digest` is the file's sha256, computed once, on the first question that needs it.
+The file's facts are read once per file (server/file_facts.py); `digest` is its sha256, computed
+once, in the background: "" until it is known, so that no list waits for a file to be hashed. A
+file whose header cannot be read is left out of /api/tags (and logged once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import os
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from localinfer.errors import LocalinferError
 from localinfer.server import requests
 from localinfer.server.errors import BadRequest, ollama_error
+from localinfer.server.file_facts import NO_FILE, Facts, FileFacts, rfc3339
 
 # The Ollama release whose API this server speaks (think levels, tool calls, format schemas):
 # clients compare it to gate features.
@@ -55,32 +56,15 @@ def served_name(body: dict, names: tuple[str, ...], key: str = "model") -> str:
     return model
 
 
-@dataclass(frozen=True)
-class _File:
-    """The model file's facts, read once."""
-
-    size: int                       # bytes of every part
-    modified_at: str
-    digest: str                     # sha256 of the (first) file
-    metadata: dict                  # the header's entries, as gguf.header reads them
-    parameters: int                 # elements of every tensor
-
-
 def routes(served) -> list[Route]:
-    files = _Files()
+    def facts() -> FileFacts:
+        return served.models.facts
 
     async def tags(request: Request):
-        listed = await asyncio.to_thread(served.models.files)
-        return JSONResponse({"models": [
-            _entry((name,), await files.facts(path)) for name, path in listed]})
+        return JSONResponse({"models": await asyncio.to_thread(_tags, served.models, facts())})
 
     async def ps(request: Request):
-        shown = []
-        for status in served.models.status():
-            model = served.models.loaded(status.name)
-            if model is not None:
-                shown.append(_loaded(model, status, await files.facts(model.path)))
-        return JSONResponse({"models": shown})
+        return JSONResponse({"models": await asyncio.to_thread(_ps, served.models, facts())})
 
     async def show(request: Request):
         try:
@@ -91,9 +75,12 @@ def routes(served) -> list[Route]:
                 raise BadRequest("'verbose' must be true or false")
             bare = name.removesuffix(":latest") if isinstance(name, str) else name
             about = await served.models.about(bare or name)
+            f = await asyncio.to_thread(facts().read, about.path)
         except BadRequest as e:
             return e.response(ollama_error)
-        return JSONResponse(_shown(about, served.defaults, await files.facts(about.path)))
+        except LocalinferError as e:       # the file went bad since it was fitted
+            return ollama_error(str(e), 500)
+        return JSONResponse(_shown(about, served.defaults, f))
 
     async def version(request: Request):
         return JSONResponse({"version": VERSION})
@@ -102,37 +89,33 @@ def routes(served) -> list[Route]:
             Route("/api/show", show, methods=["POST"]), Route("/api/version", version)]
 
 
-class _Files:
-    """Each model file's facts, read once (the digest reads the whole file)."""
-
-    def __init__(self) -> None:
-        self._known: dict[Path | None, _File] = {}
-        self._lock = asyncio.Lock()
-
-    async def facts(self, path: Path | None) -> _File:
-        async with self._lock:
-            if path not in self._known:
-                self._known[path] = await asyncio.to_thread(_read, path)
-            return self._known[path]
+def _tags(models, facts: FileFacts) -> list[dict]:
+    """Every model that can be served without a download, less the files that cannot be read
+    (Models.files leaves them out); in a thread, as it reads the store."""
+    listed = []
+    for name, path in models.files():
+        try:
+            listed.append(_entry((name,), facts.read(path), facts.digest(path)))
+        except LocalinferError:     # went bad since it was listed: left out as well
+            continue
+    return listed
 
 
-def _read(path: Path | None) -> _File:
-    """The facts of the file at `path` (a whole file or a split model's first part)."""
-    from localinfer.gguf.header import read_header
-    from localinfer.gguf.split import whole_model
-    from localinfer.models.fetch import sha256_of
-    if path is None:            # a server made without a file (tests of the app alone)
-        return _File(0, _rfc3339(0), "", {}, 0)
-    header, size = whole_model(path, read_header(path))
-    return _File(size, _rfc3339(os.stat(path).st_mtime), sha256_of(path), header.metadata,
-                 sum(t.n_elements for t in header.tensors))
+def _ps(models, facts: FileFacts) -> list[dict]:
+    shown = []
+    for status in models.status():
+        model = models.loaded(status.name)
+        if model is None:
+            continue
+        try:
+            f = facts.read(model.path)
+        except LocalinferError:         # changed on disk since it was loaded: its memory stays
+            f = NO_FILE
+        shown.append(_loaded(model, status, f, facts.digest(model.path)))
+    return shown
 
 
-def _rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _details(f: _File) -> dict:
+def _details(f: Facts) -> dict:
     family = str(f.metadata.get("general.architecture", ""))
     return {"parent_model": "", "format": "gguf", "family": family,
             "families": [family] if family else None,
@@ -140,19 +123,20 @@ def _details(f: _File) -> dict:
             "quantization_level": _quantization(f.metadata.get("general.file_type"))}
 
 
-def _entry(names: tuple[str, ...], f: _File) -> dict:
+def _entry(names: tuple[str, ...], f: Facts, digest: str) -> dict:
     name = listed_name(names)
     return {"name": name, "model": name, "modified_at": f.modified_at, "size": f.size,
-            "digest": f.digest, "details": _details(f)}
+            "digest": digest, "details": _details(f)}
 
 
-def _loaded(model, status, f: _File) -> dict:
+def _loaded(model, status, f: Facts, digest: str) -> dict:
     """/api/ps's entry: the memory the model holds as the fit estimated it (RAM and GPU memory,
     Ollama's size and size_vram), and when its keep-alive runs out."""
     need = status.need
     expires = FOREVER if status.expires_in is None else \
-        _rfc3339(datetime.now(timezone.utc).timestamp() + status.expires_in)
-    return {**_entry(model.names, f), "size": need.ram + need.vram, "size_vram": need.vram,
+        rfc3339(datetime.now(timezone.utc).timestamp() + status.expires_in)
+    return {**_entry(model.names, f, digest), "size": need.ram + need.vram,
+            "size_vram": need.vram,
             "expires_at": expires, "context_length": model.n_ctx}
 
 
@@ -169,7 +153,7 @@ def _quantization(file_type) -> str:
     return names.get(file_type, "unknown") if isinstance(file_type, int) else "unknown"
 
 
-def _shown(about, defaults, f: _File) -> dict:
+def _shown(about, defaults, f: Facts) -> dict:
     """/api/show's reply for a model (hosting.About), loaded or not."""
     template = f.metadata.get(TEMPLATE_KEY)
     if not isinstance(template, str):           # a template the engine supplies, if loaded

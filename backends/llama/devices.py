@@ -100,7 +100,7 @@ def _registry() -> _Registry:
 def read_registry() -> list[Device]:
     """Every device of the loaded engine with its free and total memory now (the hardware
     boundary: the one function that asks ggml), the workers this process asked for among them
-    (rpc.connect)."""
+    (rpc.connect; a worker's description is its address, not the relay's ggml was given)."""
     from localinfer.backends.llama import rpc
     api = _registry()
     rpc.connect()
@@ -112,7 +112,7 @@ def read_registry() -> list[Device]:
         kind = api.type(dev)
         reg = api.reg(dev)
         found.append(Device(
-            name=_text(api.name(dev)), description=_text(api.description(dev)),
+            name=_text(api.name(dev)), description=rpc.shown(_text(api.description(dev))),
             kind=KINDS[kind] if 0 <= kind < len(KINDS) else f"type {kind}",
             backend=_text(api.reg_name(reg)) if reg else "", memory_free=free.value,
             memory_total=total.value))

@@ -5,12 +5,13 @@
 device selection finds them (at the front of the list: llama_model_load_from_file) and where
 `devices.read_registry` and the fit see their memory.
 
-ggml aborts the whole process on any RPC failure (a refused connection, a worker gone mid-run),
-so nothing reaches it unchecked: `probe` speaks the protocol's first messages itself, with
-timeouts, before ggml connects; the abort that a worker lost later still causes is turned into one
-line naming it and exit 1 (`_on_abort`); and the sockets ggml opened are given keepalive and a
-user timeout, so that a machine that vanishes without closing them is noticed in seconds rather
-than never (`harden_sockets`).
+ggml aborts the whole process on any RPC failure (a refused connection, a failed greeting, a
+reply of another size), waits for ever for a reply that does not come, and believes what a worker
+says. So nothing reaches it unchecked: `probe` speaks the protocol's first messages itself, with
+timeouts, and ggml then talks to each worker only through a relay of ours on loopback
+(rpc_relay.py), which checks every reply the worker owes ggml, with deadlines, and turns what goes
+wrong into one line naming the worker. The abort callback (`_install_abort_line`) stays as a last
+net for an abort the relay did not prevent.
 
 llama-cpp-python binds none of this: the functions are looked up through libllama's own handle
 (engine.engine_ggml), the RPC ones through the registry's proc address, as llama.cpp's tools find
@@ -20,6 +21,7 @@ them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import socket
@@ -28,11 +30,11 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from localinfer.backends.llama import rpc_interrupts, rpc_relay
+from localinfer.backends.llama.rpc_relay import (PROTOCOL_MAJOR, PROTOCOL_MINOR,  # noqa: F401
+                                                 split_endpoint as _split, version_problem)
 from localinfer.errors import LocalinferError, UsageError
 
-# ggml-rpc.h of the llama.cpp that llama-cpp-python 0.3.36 vendors: a worker must speak the same
-# major version and no newer minor one (ggml's own rule in negotiate_hello).
-PROTOCOL_MAJOR, PROTOCOL_MINOR = 7, 0
 DEFAULT_PORT = 50052
 MAX_WORKERS = 16                  # GGML_RPC_MAX_SERVERS
 MAX_DEVICES = 16                  # devices one worker may claim before we call it hostile
@@ -91,11 +93,6 @@ def _is_host_name(host: str) -> bool:
     return len(host) <= 253 and all(_LABEL.match(label) for label in host.split("."))
 
 
-def _split(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    return host, int(port)
-
-
 # -- the protocol's first messages, spoken here with timeouts ------------------------------------
 def probe(endpoint: str, *, connect_s: float = CONNECT_SECONDS,
           answer_s: float = ANSWER_SECONDS) -> Worker:
@@ -105,17 +102,15 @@ def probe(endpoint: str, *, connect_s: float = CONNECT_SECONDS,
     try:
         with socket.create_connection((host, port), timeout=connect_s) as sock:
             sock.settimeout(answer_s)
-            major, minor, patch = _call(sock, _HELLO, bytes(_CAPS_SIZE), 4 + _CAPS_SIZE)[:3]
-            if major != PROTOCOL_MAJOR or minor > PROTOCOL_MINOR:
-                raise WorkerError(
-                    f"worker {endpoint} speaks RPC protocol {major}.{minor}.{patch}; this "
-                    f"llama.cpp speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}: run the same "
-                    "llama.cpp (localinfer and llama-cpp-python versions) on both machines")
-            (count,) = struct.unpack("<I", _call(sock, _DEVICE_COUNT, b"", 4))
+            call = functools.partial(_call, endpoint, sock)
+            major, minor, patch = call(_HELLO, bytes(_CAPS_SIZE), 4 + _CAPS_SIZE)[:3]
+            if problem := version_problem(endpoint, major, minor, patch):
+                raise WorkerError(problem)
+            (count,) = struct.unpack("<I", call(_DEVICE_COUNT, b"", 4))
             if not 1 <= count <= MAX_DEVICES:
                 raise WorkerError(f"worker {endpoint} reports {count} devices")
-            memory = tuple(struct.unpack("<QQ", _call(sock, _GET_DEVICE_MEMORY,
-                                                      struct.pack("<I", i), 16))
+            memory = tuple(struct.unpack("<QQ", call(_GET_DEVICE_MEMORY,
+                                                     struct.pack("<I", i), 16))
                            for i in range(count))
     except TimeoutError:
         raise WorkerError(f"worker {endpoint} did not answer within {answer_s:g} s: it may be "
@@ -132,22 +127,23 @@ def probe(endpoint: str, *, connect_s: float = CONNECT_SECONDS,
     return Worker(endpoint, (major, minor, patch), tuple((min(f, t), t) for f, t in memory))
 
 
-def _call(sock: socket.socket, command: int, payload: bytes, answer_size: int) -> bytes:
+def _call(endpoint: str, sock: socket.socket, command: int, payload: bytes,
+          answer_size: int) -> bytes:
     """One command: | cmd (1 byte) | size (8 bytes) | payload |, answered | size | answer |."""
     sock.sendall(struct.pack("<BQ", command, len(payload)) + payload)
-    (size,) = struct.unpack("<Q", _read(sock, 8))
+    (size,) = struct.unpack("<Q", _read(endpoint, sock, 8))
     if size != answer_size:
-        raise WorkerError(f"a worker answered {size} bytes where the protocol has "
+        raise WorkerError(f"worker {endpoint} answered {size} bytes where the protocol has "
                           f"{answer_size}: not a llama.cpp RPC server of this version")
-    return _read(sock, size)
+    return _read(endpoint, sock, size)
 
 
-def _read(sock: socket.socket, size: int) -> bytes:
+def _read(endpoint: str, sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise WorkerError("the worker closed the connection during its greeting")
+            raise WorkerError(f"worker {endpoint} closed the connection during its greeting")
         data += chunk
     return data
 
@@ -199,14 +195,18 @@ def build_hint() -> str:
 # -- the workers of this process -----------------------------------------------------------------
 _requested: tuple[str, ...] = ()
 _connected: dict[str, Worker] = {}
+_relays: dict[str, rpc_relay.Relay] = {}       # by the loopback address ggml was given
+_refused: WorkerError | None = None             # once per request: a second ask waits no more
 _lock = threading.Lock()
 _abort_hook = None                 # the ctypes callback ggml holds: kept alive here
 
 
 def request(endpoints: tuple[str, ...]) -> None:
     """The workers this process computes on (--rpc / LOCALINFER_RPC); connected on first need."""
-    global _requested
-    _requested = tuple(endpoints)
+    global _requested, _refused
+    _requested, _refused = tuple(endpoints), None
+    if endpoints:
+        rpc_interrupts.watch_interrupts()    # here: the main thread, before ggml can wait in C
 
 
 def requested() -> tuple[str, ...]:
@@ -220,24 +220,51 @@ def in_use() -> bool:
 
 def connect() -> list[Worker]:
     """Put the requested workers into ggml's registry (once): each probed first, so a worker that
-    is down, busy or of another version is one WorkerError and never a ggml abort."""
+    is down, busy or of another version is one WorkerError; then given to ggml behind a relay of
+    ours (rpc_relay), so that what it tells ggml's own connection is checked as well."""
+    global _refused
     with _lock:
         missing = [e for e in _requested if e not in _connected]
         if not missing:
             return [_connected[e] for e in _requested]
+        if _refused is not None:
+            raise _refused
         if not supported():
             raise WorkerError(build_hint())
-        found = [probe(e) for e in missing]
-        _install_abort_line()
-        prototype = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
-        add_server = ggml().rpc_function("ggml_backend_rpc_add_server", prototype)
-        for worker in found:
-            reg = add_server(worker.endpoint.encode())
-            if not reg:
-                raise WorkerError(f"worker {worker.endpoint} offers no device")
-            ggml().register(reg)
-            _connected[worker.endpoint] = worker
+        rpc_interrupts.watch_interrupts()
+        try:
+            for worker in [probe(e) for e in missing]:
+                _add(worker)
+        except WorkerError as e:
+            _refused = e
+            raise
         return [_connected[e] for e in _requested]
+
+
+def _add(worker: Worker) -> None:
+    _install_abort_line()
+    prototype = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+    add_server = ggml().rpc_function("ggml_backend_rpc_add_server", prototype)
+    relay = rpc_relay.Relay(worker.endpoint, devices=len(worker.memory))
+    relay.connecting = True
+    try:
+        reg = add_server(relay.local.encode())
+    finally:
+        relay.connecting = False
+    if not reg:
+        relay.close()
+        if relay.interrupted:         # Python's handler ran inside a ggml log callback
+            raise KeyboardInterrupt
+        raise WorkerError(relay.failure or f"worker {worker.endpoint} offers no device")
+    ggml().register(reg)
+    _relays[relay.local] = relay
+    _connected[worker.endpoint] = worker
+
+
+def shown(description: str) -> str:
+    """The worker an RPC device's description (the address ggml was given: a relay) stands for."""
+    relay = _relays.get(description)
+    return relay.endpoint if relay else description
 
 
 def _install_abort_line() -> None:
@@ -250,11 +277,11 @@ def _install_abort_line() -> None:
     @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
     def on_abort(message: bytes | None) -> None:
         text = (message or b"").decode("utf-8", "replace")
-        if "RPC" not in text and "Remote" not in text:
+        if not any(word in text for word in ("RPC", "Remote", "Failed to connect")):
             sys.stderr.write(f"localinfer: error: llama.cpp aborted: {text}\n")
             sys.stderr.flush()
             return                      # ggml goes on to abort()
-        sys.stderr.write(f"localinfer: error: {lost_line(tuple(_connected))}\n")
+        sys.stderr.write(f"localinfer: error: {lost_line(tuple(_connected) or _requested)}\n")
         sys.stderr.flush()
         os._exit(1)
 
@@ -288,32 +315,7 @@ def _knocks(endpoint: str, tries: int = 10) -> bool:
 
 
 def harden_sockets() -> int:
-    """Keepalive and a user timeout on this process's connections to its workers: a worker whose
-    machine vanishes (no FIN, no RST) then fails the next send or wait within about 15 s, which
-    ggml turns into the abort `_on_abort` reports, instead of a wait without end. Returns how
-    many sockets it set (Linux; elsewhere 0)."""
-    if not _connected or not hasattr(socket, "TCP_USER_TIMEOUT"):
-        return 0
-    import psutil
-    peers = {_peer(e) for e in _connected}
-    process = psutil.Process()
-    listing = getattr(process, "net_connections", None) or process.connections
-    done = 0
-    for conn in listing(kind="tcp4"):
-        if conn.raddr and (conn.raddr.ip, conn.raddr.port) in peers and conn.fd >= 0:
-            with socket.socket(fileno=os.dup(conn.fd)) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 3)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 15_000)
-            done += 1
-    return done
-
-
-def _peer(endpoint: str) -> tuple[str, int]:
-    host, port = _split(endpoint)
-    try:
-        return socket.gethostbyname(host), port
-    except OSError:
-        return host, port
+    """How many connections to workers this process holds. Each carries keepalive and a 15 s
+    user timeout from its start (rpc_relay._harden): a worker whose machine vanishes (no FIN, no
+    RST) fails the next send or wait within about 15-20 s instead of never."""
+    return sum(relay.connections() for relay in _relays.values())

@@ -138,8 +138,11 @@ def test_jobs_arrive_while_others_run_and_cancelled_ones_free_their_sequence(smo
     assert first[1].stats.finish_reason == "length" and len(first[1].tokens) == 40
     assert [len(j.tokens) for j in late] == [6, 6, 6] and len(done) == 5
     assert all(j.stats.finish_reason == "length" and j.text for j in late)
-    # The late requests continued from the cells the first ones left: the same prompt.
-    assert all(j.stats.cached_tokens == len(prompt) - 1 for j in late[1:])
+    # The late requests continued from the cells the first ones left (the same short prompt),
+    # up to the last whole group of rows: where their logits stay a cold run's (batching.py).
+    from localinfer.engine.batching import ROWS
+    assert len(prompt) < 64
+    assert all(j.stats.cached_tokens == (len(prompt) - 1) // ROWS * ROWS for j in late[1:])
     batch.close()
 
 

@@ -7,6 +7,11 @@ request has its own sampler, stop strings and limits (the `Emitter` of plain dec
 streams and counts the same way). Prompts that start with the shared prefix (a template's fixed
 beginning) get its cells from the prefix's own sequence instead of evaluating it again.
 
+A free slot keeps its cells (engine/slots.py) for a request that starts the same way, which
+continues from them only up to a point that changes no bit of its logits (engine/batching.py): a
+prompt is cut into the batches a cold evaluation of it is cut into, and its batch goes first in
+its llama_decode, so a greedy answer does not hang on what the slot served before.
+
 The pool of cells is shared (llama.cpp's unified KV cache). By default each request may fill its
 share of it (`map`: --ctx is each prompt's); a server passes `request_ctx` so that one request may
 fill the whole pool. Then admission keeps the pool from overfilling: a request with max_tokens is
@@ -31,9 +36,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from localinfer.backends import BatchSession, Piece
-from localinfer.engine.batching import GRAIN
+from localinfer.engine import batching
+from localinfer.engine.batching import GRAIN, Exact
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.sampling import Sampler
+from localinfer.engine.slots import Held, Kept, common_prefix
 from localinfer.errors import LocalinferError
 
 PREFILL_CHUNK = 256          # prompt tokens one request may add to a step
@@ -103,6 +110,8 @@ class _Running:
     shared: int               # prompt tokens it did not evaluate (prefix, kept cells, cache)
     reserved: int = 0         # positions promised at admission (its prompt and max_tokens)
     from_prefix: int = 0      # of its positions, cells that are the prefix sequence's own
+    exact: Exact = Exact(False, 0, 0)   # how far its cells are a cold evaluation's
+    ends: list[int] = field(default_factory=list)   # where the batches of `pending` end
 
     def claim(self) -> int:
         """Cells of the pool it holds or was promised, not counting the prefix's shared ones."""
@@ -116,12 +125,13 @@ class Scheduler:
                  prefill_chunk: int = PREFILL_CHUNK, store=None,
                  request_ctx: int | None = None) -> None:
         # store: the persistent prompt cache (cache.prompt_cache.PromptCache), read-only here
-        self.batch, self.prefill_chunk, self.store = batch, prefill_chunk, store
+        self.batch, self.store = batch, store
+        self.prefill_chunk = min(prefill_chunk, batch.n_batch)
         self.parallel = batch.n_seq - 1
         self.prefix: list[int] = []
         self._prefix_seq = self.parallel
-        # free slot -> the tokens its cells hold, and how many of those cells are the prefix's
-        self._kept: dict[int, tuple[list[int], int]] = {}
+        self._kept = Kept(batch)                # free slots' cells
+        self._window = int(getattr(batch.session, "sliding_window", 0) or 0)
         # The positions one request may fill: its share of the pool, or what the caller allows
         self.seq_ctx = min(request_ctx or batch.n_ctx // self.parallel, batch.n_ctx)
         self._failures = 0              # llama_decode failures in a row
@@ -180,7 +190,7 @@ class Scheduler:
                 job.stats.finish_reason = "cancelled" if job.cancelled else ""
                 on_done(job)
                 continue
-            seq = self._slot_for(job.prompt, free)
+            seq = self._slot_for(job, free)
             # Its cells: the prefix's are shared, unless the prompt cache restores its own.
             shared = 0 if self.store else _common(job.prompt, self.prefix, len(job.prompt) - 1)
             need = self._reserve(job) - shared
@@ -199,17 +209,14 @@ class Scheduler:
 
     def _free_cells(self, running: dict, keep: int | None = None) -> int:
         held = len(self.prefix) + sum(r.claim() for r in running.values())
-        kept = sum(len(t) - n for s, (t, n) in self._kept.items() if s != keep)
-        return self.batch.n_ctx - held - kept
+        return self.batch.n_ctx - held - self._kept.cells(keep)
 
     def _room_for(self, cells: int, running: dict, keep: int | None = None) -> bool:
         """Whether the pool has `cells` free, once free slots' kept cells (oldest first, all
         but `keep`'s) are dropped as need be."""
-        for seq in [s for s in self._kept if s != keep]:
-            if self._free_cells(running, keep) >= cells:
-                break
-            del self._kept[seq]
-            self.batch.forget(seq)
+        short = cells - self._free_cells(running, keep)
+        if short > 0:
+            self._kept.drop(short, keep)
         return self._free_cells(running, keep) >= cells
 
     def _out_of_room(self, running: dict) -> int | None:
@@ -250,11 +257,11 @@ class Scheduler:
         done = running.pop(seq)
         # Its cells stay until the slot is taken again: a request that starts the same way (a
         # system prompt, a conversation's next turn) continues from them, as llama-server's slots do.
-        self._kept[seq] = (done.job.prompt + done.job.tokens)[:done.pos], done.from_prefix
+        self._kept.put(seq, Held((done.job.prompt + done.job.tokens)[:done.pos],
+                                 done.from_prefix, done.exact))
         free.append(seq)
         if reason == "error":       # its cells may hold what it failed on: not kept
-            self._kept.pop(seq, None)
-            self.batch.forget(seq)
+            self._kept.forget(seq)
         if reason:
             done.job.stats.finish_reason = reason
         self._publish(running)          # before its reply goes: a scrape after it sees it gone
@@ -262,8 +269,7 @@ class Scheduler:
 
     def _publish(self, running: dict) -> None:
         own = sum(r.pos - r.from_prefix for r in running.values())
-        kept = sum(len(t) - n for t, n in self._kept.values())
-        self.occupancy = Occupancy(len(running), len(self.prefix) + own + kept,
+        self.occupancy = Occupancy(len(running), len(self.prefix) + own + self._kept.cells(),
                                    sum(not r.job.batch for r in running.values()))
 
     def _refused(self, job: Job) -> bool:
@@ -280,45 +286,53 @@ class Scheduler:
         with it; one that does not leaves them to it, so admission never overfills the pool."""
         return self.seq_ctx - (len(self.prefix) - _common(prompt, self.prefix, len(self.prefix)))
 
-    def _slot_for(self, prompt: list[int], free: list[int]) -> int:
-        """The free slot whose kept cells share the most with the prompt, else the one freed
+    # -- starting --------------------------------------------------------------------------
+    def _slot_for(self, job: Job, free: list[int]) -> int:
+        """The free slot with the most cells the job may continue from, else the one freed
         longest ago: the most recently freed slots hold what is likeliest asked again (a
         conversation's next turn), which a request sharing nothing with them should not evict."""
-        return max(free, key=lambda s: _common(prompt, self._kept.get(s, ((), 0))[0],
-                                               len(prompt) - 1))
+        return max(free, key=lambda s: self._reusable(job, s))
+
+    def _reusable(self, job: Job, seq: int) -> int:
+        base = _common(job.prompt, self.prefix, len(job.prompt) - 1)
+        return self._kept.reusable(seq, job.prompt, len(job.prompt), base=base,
+                                   window=self._window)
 
     def _start(self, job: Job, seq: int) -> _Running:
-        most = len(job.prompt) - 1
-        kept_tokens, kept_from_prefix = self._kept.pop(seq, ([], 0))
-        kept = _common(job.prompt, kept_tokens, most)
-        shared = _common(job.prompt, self.prefix, most)
-        restored = self._restore(job.prompt, seq, better_than=max(kept, shared))
+        base = _common(job.prompt, self.prefix, len(job.prompt) - 1)
+        kept = self._reusable(job, seq)
+        restored = self._restore(job.prompt, seq, better_than=max(kept, base))
+        held = self._kept.pop(seq)
+        kind = batching.tiled(len(job.prompt), base)
+        exact = Exact(kind, base, base)
         if restored > 0:
-            shared, from_prefix = restored, 0
-        elif kept >= shared and kept and restored == 0:
+            shared, from_prefix, exact = restored, 0, Exact(True, 0, restored)
+        elif held and kept > base and restored == 0:
             self.batch.trim(seq, kept)
-            shared, from_prefix = kept, min(kept, kept_from_prefix)
+            shared, from_prefix = kept, min(kept, held.from_prefix)
+            exact = Exact(kind, base, min(held.exact.end, kept))
         else:
             self.batch.forget(seq)
-            if shared:
-                self.batch.share(self._prefix_seq, seq, shared)
-            from_prefix = shared
+            if base:
+                self.batch.share(self._prefix_seq, seq, base)
+            shared = from_prefix = base
         job.stats = Stats(prompt_tokens=len(job.prompt))
         emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt, job.limits,
                        job.stats)
         job.tokens = emit.tokens
-        return _Running(job, seq, shared, job.prompt[shared:], emit, shared,
-                        self._reserve(job), from_prefix)
+        ends = batching.prefill_ends(exact.base, shared, len(job.prompt), self.prefill_chunk,
+                                     self._window)
+        return _Running(job, seq, shared, job.prompt[shared:], emit, shared, self._reserve(job),
+                        from_prefix, exact, ends)
 
     def _restore(self, prompt: list[int], seq: int, *, better_than: int) -> int:
         """The prompt's longest prefix in the persistent prompt cache, loaded into `seq` as `run`
-        would load it (whole batching grains, at least one token left to evaluate); 0 for none,
-        -1 when an entry was tried and refused (the slot is empty then)."""
+        would load it (whole batching grains, at least one batching grain left to evaluate); 0
+        for none, -1 when an entry was tried and refused (the slot is empty then)."""
         if self.store is None:
             return 0
-        window = self.batch.session.sliding_window
-        found = self.store.longest_prefix(prompt, limit=len(prompt) - 1,
-                                          rigid_over=window or None, longest=self.seq_ctx)
+        found = self.store.longest_prefix(prompt, limit=batching.restore_limit(
+            len(prompt), self._window), rigid_over=self._window or None, longest=self.seq_ctx)
         usable = found[1] // GRAIN * GRAIN if found else 0
         if usable <= better_than:
             return 0
@@ -331,28 +345,20 @@ class Scheduler:
             return -1
         return usable
 
+    # -- stepping --------------------------------------------------------------------------
     def _step(self, running: list[_Running]) -> list[tuple[int, str | None]]:
         """One llama_decode for every running request; the sequences that finished (with the
         reason to record: None when the emitter set it, "error" when the job failed alone)."""
-        pieces, owners = [], []
         if any(r.pending and not r.job.batch for r in running):
             # An interactive prompt is being read: batch jobs sit this step out, so that its
             # first token comes about as soon as on an idle server.
             running = [r for r in running if not r.job.batch]
         decoding = [r for r in running if not r.pending]
-        room = self.batch.n_batch - len(decoding)
-        for r in decoding:
-            pieces.append(Piece(r.seq, [r.emit.tokens[-1]], r.pos))
-            owners.append(r)
-        for r in running:
-            if r.pending and room > 0:
-                take = min(len(r.pending), self.prefill_chunk, room)
-                chunk, r.pending = r.pending[:take], r.pending[take:]
-                pieces.append(Piece(r.seq, chunk, r.pos, logits=not r.pending))
-                owners.append(r)
-                room -= take
+        order = self._prompt_pieces([r for r in running if r.pending],
+                                    self.batch.n_batch - len(decoding))
+        order += [(r, Piece(r.seq, [r.emit.tokens[-1]], r.pos)) for r in decoding]
         finished = []
-        for r, piece, logits in zip(owners, pieces, self.batch.decode(pieces)):
+        for (r, piece), logits in zip(order, self.batch.decode([p for _, p in order])):
             r.pos += len(piece.tokens)
             if logits is None:
                 continue
@@ -367,6 +373,35 @@ class Scheduler:
                 finished.append((r.seq, "error"))
         return finished
 
+    def _prompt_pieces(self, reading: list[_Running], room: int) -> list[tuple[_Running, Piece]]:
+        """The next batch of each prompt being read that fits the step, as a cold evaluation cuts
+        it, first in the llama_decode (a batch's kernels group its rows from its start); each
+        that is a cold evaluation's batch extends how far its cells are exact. A prompt whose
+        batch cannot fit while others decode takes what room there is, exact no further."""
+        order: list[tuple[_Running, Piece]] = []
+        whole_batches: list[bool] = []
+        for r in reading:
+            whole = r.ends[0] - r.pos
+            take = whole if whole <= room else (room if not order else 0)
+            if take <= 0:
+                continue
+            chunk, r.pending = r.pending[:take], r.pending[take:]
+            order.append((r, Piece(r.seq, chunk, r.pos, logits=not r.pending)))
+            whole_batches.append(take == whole)
+            room -= take
+            if take == whole:
+                r.ends.pop(0)
+        tall = max((len(p.tokens) for _, p in order), default=0) >= GRAIN
+        offset = 0
+        for (r, piece), whole in zip(order, whole_batches):
+            n, e = len(piece.tokens), r.exact
+            if whole and piece.pos == e.end and e.tiled == tall and \
+                    offset % (GRAIN if tall else batching.ROWS) == 0:
+                cap = batching.exact_end(len(r.job.prompt), e.base, self._window)
+                r.exact = Exact(e.tiled, e.base, max(e.end, min(piece.pos + n, cap)))
+            offset += n
+        return order
+
     def _take(self, r: _Running, token: int) -> bool:
         text, done = r.emit.take(token)
         if done:
@@ -379,9 +414,4 @@ class Scheduler:
 
 
 def _common(a: Sequence[int], b: Sequence[int], most: int) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y or n >= most:
-            break
-        n += 1
-    return n
+    return common_prefix(a, b, most)

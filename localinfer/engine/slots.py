@@ -1,0 +1,88 @@
+"""The cells a free slot keeps after its request, for the next request that starts the same way.
+
+A finished request's cells stay in its sequence until the slot is taken again, as llama-server's
+slots keep theirs: a conversation's next turn, or any prompt with the same system prompt, goes on
+from them. They are only a cache: when the pool needs room they go, oldest slot first.
+
+A request continues them only from a point that keeps its logits a cold run's (engine/batching.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from localinfer.engine import batching
+
+
+@dataclass
+class Held:
+    """What one slot's cells hold, from position 0."""
+
+    tokens: list[int]
+    from_prefix: int                # of them, the prefix sequence's own cells (shared, not ours)
+    exact: batching.Exact           # how far they are what a cold evaluation computes
+
+    @property
+    def own(self) -> int:
+        """Cells of the pool that are this slot's alone."""
+        return len(self.tokens) - self.from_prefix
+
+
+class Kept:
+    """Free slots' cells, oldest first, on a BatchSession."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+        self._held: dict[int, Held] = {}
+
+    def put(self, seq: int, held: Held) -> None:
+        self._held.pop(seq, None)
+        self._held[seq] = held          # the newest last: dropped last
+
+    def pop(self, seq: int) -> Held | None:
+        return self._held.pop(seq, None)
+
+    def get(self, seq: int) -> Held | None:
+        return self._held.get(seq)
+
+    def forget(self, seq: int) -> None:
+        if self._held.pop(seq, None) is not None:
+            self.batch.forget(seq)
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def cells(self, keep: int | None = None) -> int:
+        """Cells they hold, all but `keep`'s."""
+        return sum(h.own for s, h in self._held.items() if s != keep)
+
+    def drop(self, cells: int, keep: int | None = None) -> int:
+        """Free at least `cells` cells where they can be, dropping whole slots' cells, oldest
+        first (all but `keep`'s); returns how many were freed."""
+        freed = 0
+        for seq in [s for s in self._held if s != keep]:
+            if freed >= cells:
+                break
+            freed += self._held[seq].own
+            self.forget(seq)
+        return freed
+
+    def reusable(self, seq: int, tokens: Sequence[int], n_prompt: int, *, base: int,
+                 window: int) -> int:
+        """How many of `seq`'s cells a request may continue from: up to batching.reuse_point."""
+        held = self._held.get(seq)
+        if held is None:
+            return 0
+        common = common_prefix(tokens, held.tokens, len(tokens) - 1)
+        return min(common, batching.reuse_point(n_prompt, common, held.exact, window, base=base))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], most: int) -> int:
+    """Length of the shared start of a and b, at most `most`."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or n >= most:
+            break
+        n += 1
+    return n

@@ -30,5 +30,9 @@ class ModelLoadError(LocalinferError):
     """A file that is not a loadable model for the chosen backend."""
 
 
+class DoesNotFit(LocalinferError):
+    """No variant of a model fits the memory budget (the fit's refusal, naming what would)."""
+
+
 class ContextOverflow(LocalinferError):
     """The prompt does not fit the context window."""

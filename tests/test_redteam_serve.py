@@ -190,3 +190,25 @@ def test_a_store_file_removed_while_loaded_serves_until_unloaded_then_is_a_404(s
     assert server.post("/v1/completions", {**ask, "model": "served.gguf"})[0] == 200
 
 
+# -- a model too large for --memory ------------------------------------------------------------
+def test_a_model_too_large_is_the_same_400_everywhere_and_nothing_is_written(models_home,
+                                                                             tmp_path):
+    """Issue 41 items 2 and 5: with --memory below SmolLM2's Q4_1 (185 MB: Q3_K_M would fit),
+    one /api/show quantized it into the store; a request was a 500 and /api/show a 404. Describing
+    never writes; a request without --pull never quantizes; every API says the same 400."""
+    home = _store(models_home, tmp_path / "home", SMOLLM_FILE)
+    folder = home / "data" / "models" / "smollm2-135m-instruct"
+    before = sorted(p.name for p in folder.iterdir())
+    server = Server(home, "--memory", "185MB")
+    try:
+        said = set()
+        for path, body in ENDPOINTS:
+            status, reply = server.post(path, {**body, "model": "smollm2"})
+            assert status == 400, (path, reply)
+            said.add(_message(reply))
+        assert len(said) == 1, said
+        assert "needs at least" in said.pop()
+        assert sorted(p.name for p in folder.iterdir()) == before      # nothing written
+        assert "quantizing" not in server.log
+    finally:
+        server.stop()

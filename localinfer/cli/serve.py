@@ -159,8 +159,10 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
                     log=console.error, **load)
     for model in models:            # pulled now (unless --offline), as `serve MODEL` always did
         loader.plan(model)
-    # A request's model is never downloaded without --pull (Models.key checks it is on disk).
-    loader = replace(loader, fit=replace(pooled_fit, offline=fit.offline or not pull))
+    # A request's model is never downloaded without --pull (Models.key checks it is on disk),
+    # nor quantized into the store to fit: only an operator's leave (--pull) writes the store.
+    loader = replace(loader, fit=replace(pooled_fit, offline=fit.offline or not pull,
+                                         quantize_to_fit=pull))
     # Requests waiting for a model to load would have taken its slots or its queue.
     # Loads and unloads are -v's lines, as requests are; a failure is always one line.
     pool = Pool(budget, loader.plan, loader.load, overhead=overhead, keep_alive=idle,

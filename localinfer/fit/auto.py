@@ -12,7 +12,7 @@ from pathlib import Path
 
 from localinfer import settings
 from localinfer.backends import context_length
-from localinfer.errors import LocalinferError, UsageError
+from localinfer.errors import DoesNotFit, LocalinferError, UsageError
 from localinfer.fit import memory, rules
 from localinfer.fit.options import FitOptions, Notify, QuantizeBar, Reporter
 from localinfer.models import refs
@@ -90,7 +90,7 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
         refs.locate(ref, store, offline=fit.offline, progress=report.progress,
                     notify=report.notify, download_bar=report.download_bar)
     return _best_variant(ref.spec, store, fitting, notify=report.notify,
-                         quantize_bar=report.quantize_bar)
+                         quantize_bar=report.quantize_bar, quantize=fit.quantize_to_fit)
 
 
 def check_kv_type(kv_type: str | None) -> None:
@@ -148,14 +148,14 @@ def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,
            smaller: str) -> Resolved:
     placement = fitting.place(facts)
     if not placement.fits:
-        raise LocalinferError(fitting.refusal(
+        raise DoesNotFit(fitting.refusal(
             ref.display if ref.path is None else str(ref.path), facts, smaller))
     return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes, placement.gpu_layers,
                     placement.cpu_moe)
 
 
 def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
-                  quantize_bar: QuantizeBar) -> Resolved:
+                  quantize_bar: QuantizeBar, quantize: bool = True) -> Resolved:
     on_disk = {m.quant: m.path for m in store.installed() if m.name == spec.name}
     candidates = [rules.Candidate(q, memory.facts_from_file(p), True) for q, p in on_disk.items()]
     base = candidates[0].facts
@@ -167,6 +167,10 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
         quant, placement = choice[0].quant, choice[1]
     else:
         smallest = min((c for c in candidates if c.on_disk), key=lambda c: c.facts.file_size)
+        if not quantize:            # nothing is written: the refusal names what would fit
+            raise DoesNotFit(fitting.refusal(
+                f"{spec.display_name} (smallest on disk: {smallest.quant})", smallest.facts,
+                f"`localinfer quantize {spec.display_name} --type auto`"))
         quant, placement = _quantize_to_fit(spec.name, on_disk, fitting, smallest,
                                             shown=spec.display_name,
                                             notify=notify, quantize_bar=quantize_bar)
@@ -222,8 +226,8 @@ def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,
             return qtype, placement
         if planned.file_size < smallest.facts.file_size:
             smallest = rules.Candidate(qtype, planned, False)
-    raise LocalinferError(fitting.refusal(f"{shown} (smallest: {smallest.quant})",
-                                          smallest.facts, None))
+    raise DoesNotFit(fitting.refusal(f"{shown} (smallest: {smallest.quant})",
+                                     smallest.facts, None))
 
 
 def _make(source: Path, name: str, qtype: str, *, quantize_bar: QuantizeBar, notify: Notify,

@@ -154,17 +154,28 @@ class Models:
 
     async def about(self, name: object) -> About:
         """What a model is, loaded or not: a loaded one as it runs, another as it would be
-        fitted (its file and context), never loaded to say it (Ollama's /api/show)."""
+        fitted (its file and context), never loaded, pulled or quantized to say it (Ollama's
+        /api/show): a model not on disk is a 404 (even with --pull), one that does not fit the
+        budget the 400 a request for it gets."""
         key = await self._key_or_404(name)
         model = self.loaded(key)
         if model is not None:
             return About(model.names, model.path, model.n_ctx, model.session)
         try:
-            plan = await asyncio.to_thread(self.loader.plan, key)
-        except LocalinferError as e:        # its file went away, or it cannot fit
+            plan = await asyncio.to_thread(self._describe, key)
+        except TooLarge as e:
+            raise BadRequest(str(e), "model", code="model_too_large") from None
+        except LocalinferError as e:        # its file went away
             raise BadRequest(str(e), "model", status=404, code="model_not_found") from None
         _, fitted = plan.detail
         return About(names_of(key, fitted.ref), fitted.path, plan.n_ctx, None)
+
+    def _describe(self, key: str):
+        loader = self.loader.describing()
+        loader.on_disk(key)
+        plan = loader.plan(key)
+        self.pool.check_fits(key, plan.need)    # the words a request's load would get
+        return plan
 
     async def _key_or_404(self, name: object) -> str:
         if not isinstance(name, str) or not name:

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Callable
 
 from localinfer.backends import BatchSession, context_length
+from localinfer.errors import DoesNotFit
 from localinfer.fit import auto, memory, rules
 from localinfer.fit.options import FitOptions, Reporter
 from localinfer.models.refs import ModelRef
 from localinfer.pipeline import load as pipeline
 from localinfer.server.embedder import Embeddings, pinned
-from localinfer.server.pool_state import Need, Plan
+from localinfer.server.pool_state import Need, Plan, TooLarge
 from localinfer.server.worker import Worker
 
 
@@ -90,6 +91,10 @@ class Loader:
             return str(named.ref.path.resolve())
         return named.ref.display if named.chosen else named.ref.spec.display_name
 
+    def describing(self) -> Loader:
+        """This loader as /api/show plans with it: never a download, never a quantization."""
+        return replace(self, fit=replace(self.fit, offline=True, quantize_to_fit=False))
+
     def on_disk(self, name: str) -> None:
         """Raises ModelNotFound unless some variant of `name`'s model is on disk: without --pull,
         a request never starts a download."""
@@ -106,10 +111,15 @@ class Loader:
                                 f"{name[:200]}` first, or serve --pull)")
 
     def plan(self, name: str) -> Plan:
+        """The fit of `name` (a pool key), its file pulled or a variant quantized only as
+        `fit` allows (offline, quantize_to_fit); TooLarge when no variant fits the budget."""
         named = pipeline.name(name, self.fit, self.report)
-        fitted = pipeline.fit_batch(named, self.fit, self.report, parallel=self.parallel,
-                                    shared=True, threads=self.threads, engine_log=self.engine_log,
-                                    backend=self.backend)
+        try:
+            fitted = pipeline.fit_batch(named, self.fit, self.report, parallel=self.parallel,
+                                        shared=True, threads=self.threads,
+                                        engine_log=self.engine_log, backend=self.backend)
+        except DoesNotFit as e:     # a 400 naming the --memory it needs, as the pool's own
+            raise TooLarge(str(e)) from None
         need, where = need_of(fitted)
         return Plan(need, fitted.options.n_ctx, (named, fitted), where)
 

@@ -214,13 +214,16 @@ class Pool(Generic[M]):
         self._loaded(entry, model, time.perf_counter() - started)
 
     def _check_alone(self, entry: Entry) -> None:
-        need = entry.plan.need
+        self.check_fits(entry.name, entry.plan.need)
+
+    def check_fits(self, name: str, need: Need) -> None:
+        """TooLarge unless `need` fits the budget with no other model loaded."""
         if need.within(self.room):
             return
         if need.ram > self.room.ram:
-            raise TooLarge(f"{entry.name} needs --memory {memory_arg(need.ram + self.overhead.ram)}"
+            raise TooLarge(f"{name} needs --memory {memory_arg(need.ram + self.overhead.ram)}"
                            f"; the budget is {human_size(self.budget.ram)}")
-        raise TooLarge(f"{entry.name} needs {human_size(need.vram)} of GPU memory; "
+        raise TooLarge(f"{name} needs {human_size(need.vram)} of GPU memory; "
                        f"{human_size(self.room.vram)} is free for models")
 
     def _wait_for_room(self, entry: Entry) -> list[Entry]:

@@ -39,6 +39,10 @@ def chat_tokens(session: Session, messages: list[dict[str, str]],
              "eos_token": _text(session, session.eos_token), "extra": extra}
     text = templates.render(session.chat_template, messages, **marks)
     tokens = session.tokenize(text, special=True)
+    # A request's other strings (a template variable, a tool, a name, an id) are text as well.
+    if any(_controls(session, session.tokenize(value, special=True))
+           for value in _strings([[_beside_content(m) for m in messages], extra])):
+        return with_bos(session, _defused(session, messages, marks))
     parts = templates.content_parts(session.chat_template, messages, text, **marks)
     if parts is None:                # the template rewrites or tests a message's text
         return with_bos(session, _defused(session, messages, marks) or tokens)
@@ -60,33 +64,64 @@ def _controls(session: Session, tokens: list[int]) -> list[int]:
     return [t for t in tokens if t in control]
 
 
-def _defused(session: Session, messages: list[dict[str, str]],
-             marks: dict[str, str]) -> list[int] | None:
-    """The conversation's tokens where the template rewrites or tests the messages' text, so
-    that where each lands in the rendering cannot be told (templates.content_parts); None when no
-    message spells a control token. Each control token's text in a message is replaced by a
-    marker before rendering, and tokenized as text where its marker lands."""
+def _defused(session: Session, messages: list[dict], marks: dict) -> list[int] | None:
+    """The conversation's tokens where a request's text cannot be found in the rendering by
+    templates.content_parts (the template rewrites or tests a message's text, or the text is not
+    a message's content: a template variable, a tool, a name); None when no text spells a control
+    token. Each control token's text in every string the conversation holds (all but the roles)
+    is replaced by a marker before rendering, and tokenized as text where its marker lands."""
     from localinfer.engine import templates
-    nonce = templates.marker_nonce(messages)
+    nonce = templates.marker_nonce([messages, marks["extra"]])
     spelled: list[str] = []
 
     def mark(match: re.Match) -> str:
         spelled.append(match.group())
         return templates.marker(nonce, len(spelled) - 1)
 
-    defused = [{**m, "content": _marked(session, m["content"], mark)} for m in messages]
+    def text(value: str) -> str:
+        return _marked(session, value, mark)
+
+    defused = [{**m, **_remade(_beside_role(m), text)} for m in messages]
+    extra = _remade(marks["extra"], text)
     if not spelled:
         return None
-    pieces = templates.split_at_markers(templates.render(session.chat_template, defused, **marks),
-                                        nonce)
+    pieces = templates.split_at_markers(templates.render(
+        session.chat_template, defused, **{**marks, "extra": extra}), nonce)
     # A marker the template changed (its case, a slice) has lost the text it stood for.
     if any(nonce[:8] in piece.lower() for piece in pieces[::2]):
-        raise UsageError(f"a message spells the model's control token {spelled[0]!r}, and this "
-                         "model's chat template rewrites messages, so it cannot be kept as text; "
-                         "remove it from the message")
+        raise UsageError(f"the conversation spells the model's control token {spelled[0]!r}, "
+                         "and this model's chat template rewrites that text, so it cannot be "
+                         "kept as text; remove it from the request")
     return [t for k, piece in enumerate(pieces)
             for t in (session.tokenize(spelled[int(piece)], special=False) if k % 2
                       else session.tokenize(piece, special=True))]
+
+
+def _beside_role(message: dict) -> dict:
+    # The role is tested by every template and is one of a few fixed words: never marked.
+    return {k: v for k, v in message.items() if k != "role"}
+
+
+def _beside_content(message: dict) -> dict:
+    return {k: v for k, v in message.items() if k not in ("role", "content")}
+
+
+def _strings(value) -> list[str]:
+    """Every string inside `value` (dict keys too), nested lists and dicts walked."""
+    found: list[str] = []
+    _remade(value, lambda s: found.append(s) or s)
+    return found
+
+
+def _remade(value, text):
+    """`value` with each string in it (dict keys too) replaced by `text(string)`."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, dict):
+        return {text(k) if isinstance(k, str) else k: _remade(v, text) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_remade(v, text) for v in value]
+    return value
 
 
 def _marked(session: Session, content: str, mark) -> str:

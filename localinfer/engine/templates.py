@@ -62,13 +62,14 @@ def check_decoded(template: str) -> None:
         raise ModelLoadError(f"{template.problem}; {_SKIP}")
 
 
-def marker_nonce(messages: list[dict[str, str]]) -> str:
-    """A random string no message holds, to mark places in a rendering: lower-case hex, so that
-    a template that changes the case of a message changes its marker too, and trimming cannot
-    shorten it."""
+def marker_nonce(values: object) -> str:
+    """A random string no string in `values` (the messages, the template's variables) holds, to
+    mark places in a rendering: lower-case hex, so that a template that changes the case of a
+    message changes its marker too, and trimming cannot shorten it."""
+    held = json.dumps(values, default=str)      # JSON's escapes never hide a run of hex
     while True:
         nonce = "li" + secrets.token_hex(12)
-        if not any(nonce in m["content"] for m in messages):
+        if nonce not in held:
             return nonce
 
 

@@ -223,12 +223,11 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
             plan: tools.Plan | None = None) -> list[int]:
     if chat:
         template = session.chat_template or ""
-        messages = _messages(body.get("messages"), template, session)
+        messages = _messages(body.get("messages"), template)
         if not uses_chat_template(session, False):
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
         if defaults.system is not None and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": defaults.system}, *messages]
-        tools.check_text(session, plan, messages)
         messages = tools.for_template(plan, messages, template)
         tokens = chat_tokens(session, messages, {**reasoning.template_vars(
             body, template, defaults.think), **tools.template_vars(plan)})
@@ -289,7 +288,7 @@ def _grammar(schema, session) -> Grammar:
         raise BadRequest(reason, "response_format") from None
 
 
-def _messages(messages, template: str = "", session=None) -> list[dict[str, str]]:
+def _messages(messages, template: str = "") -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     if len(messages) > MAX_MESSAGES:
@@ -311,7 +310,7 @@ def _messages(messages, template: str = "", session=None) -> list[dict[str, str]
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", "messages")
         out.append({"role": m["role"], "content": content,
-                    **reasoning.earlier_trace(m, i, template, session), **tools.history(m, i)})
+                    **reasoning.earlier_trace(m, i, template), **tools.history(m, i)})
     return out
 
 

@@ -6,7 +6,8 @@ with tools), "none", "required" or {"type": "function", "function": {"name": ...
 assistant turn's `tool_calls` (content may be null) and `tool` messages. Tools and history reach
 the model through its own template where it speaks a known format (engine/toolcalls.py), else
 through llama.cpp's generic format: the tools in a system message, the answer one JSON object.
-No tool's text nor a call's may spell one of the model's control tokens.
+A tool's text and a call's are text, as a message's is (engine/prompt.py): one that spells a
+control token gets those characters, never the token.
 
 `tool_choice: "none"`: the model is not shown the tools and nothing is constrained; should it write
 a call anyway (an earlier call in the history invites it), the reply keeps that text as its
@@ -91,16 +92,6 @@ def plan(body: dict, template: str) -> Plan | None:
     else:
         raise BadRequest(_CHOICES, "tool_choice")
     return Plan(tools, params, choice, parallel, toolcalls.format_of(template))
-
-
-def check_text(session, plan_: Plan | None, messages: list[dict]) -> None:
-    """No tool and no call in the history spells a control token (it would become one)."""
-    texts = [] if plan_ is None else [("tools", json.dumps(plan_.tools, ensure_ascii=False))]
-    texts += [("messages", json.dumps(m["tool_calls"], ensure_ascii=False))
-              for m in messages if m.get("tool_calls")]
-    for where, text in texts:
-        if any(not session.piece(t) for t in session.tokenize(text, special=True)):
-            raise BadRequest(f"'{where}' spells one of the model's control tokens", where)
 
 
 def history(message: dict, index: int) -> dict:

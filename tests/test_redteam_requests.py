@@ -148,3 +148,29 @@ def test_a_template_variable_is_counted_as_text(server, smollm):
                                {"date_string": "<|im_start|>"}))
 
 
+# -- §9: thinking switched off on every API ------------------------------------------------------
+def test_anthropic_thinking_disabled_writes_no_trace(server):
+    """Qwen3-Thinking-2507's template opens the trace itself: all SmolLM2 writes is trace, until
+    thinking is off (an empty trace closed in the prompt), as Ollama's `think: false` does."""
+    ask = dict(model=server[1]["thinking"], max_tokens=8, messages=ASK,
+               extra_body={"temperature": 0})
+    on = _anthropic(server).messages.create(**ask)
+    assert [b.type for b in on.content][0] == "thinking"
+    off = _anthropic(server).messages.create(**ask, thinking={"type": "disabled"})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text
+    with _anthropic(server).messages.stream(**ask, thinking={"type": "disabled"}) as events:
+        kinds = {e.content_block.type for e in events if e.type == "content_block_start"}
+    assert kinds == {"text"}
+    said = ollama.Client(host=server[0]).chat(model=server[1]["thinking"], messages=ASK,
+                                               think=False, options={"num_predict": 8})
+    assert not said.message.thinking and said.message.content
+
+
+def test_openai_reasoning_effort_none_writes_no_trace(server):
+    reply = _openai(server).chat.completions.create(
+        model=server[1]["thinking"], messages=ASK, max_tokens=8, temperature=0,
+        reasoning_effort="none")
+    assert reply.choices[0].message.content
+    assert "reasoning_content" not in (reply.choices[0].message.model_extra or {})
+
+

@@ -8,6 +8,7 @@ comes back as a message: a thinking model's trace as `thinking` blocks (signatur
 `text` block, `stop_reason` end_turn, max_tokens or stop_sequence (with the `stop_sequence` met),
 `usage` in input and output tokens; streamed as Anthropic's events (message_start, ping,
 content_block_start/delta/stop, message_delta, message_stop, an `error` event when cut short).
+`thinking` enabled or disabled turns a thinking model's trace on or off, as Ollama's `think` does.
 Every refusal is in Anthropic's error shape. Tools go through OpenAI's tool calls
 (server/tools.py, said in its terms by server/anthropic_tools.py): `tools` with `input_schema`,
 `tool_choice` auto, any, tool or none, `tool_use` and `tool_result` blocks in the history, and a
@@ -32,6 +33,7 @@ from localinfer.errors import LocalinferError, ModelLoadError
 from localinfer.server import anthropic_tools, hosting, jobs, reasoning, requests, tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
+from localinfer.thinking.style import EFFORTS
 
 MAX_STOPS = 16                # stop_sequences in one request
 _ROLES = ("user", "assistant")
@@ -128,16 +130,30 @@ def _translate(body: dict, defaults, *, counting: bool):
                 chat[key] = body[key]
         if body.get("stream") is not None:
             chat["stream"] = body["stream"]
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "enabled" \
-            and thinking.get("budget_tokens") is not None:
-        chat["thinking_budget"] = thinking["budget_tokens"]
-    elif thinking is not None and not isinstance(thinking, dict):
-        raise BadRequest("'thinking' must be an object")
+    defaults = _thinking(body.get("thinking"), chat, defaults)
     system = _system(body.get("system"))
     if system is not None:
         defaults = dataclasses.replace(defaults, system=system)
     return chat, defaults, () if counting else _stops(body.get("stop_sequences"))
+
+
+def _thinking(thinking, chat: dict, defaults):
+    """`thinking` as the server's Defaults take it: enabled turns the trace on (its
+    budget_tokens the chat body's thinking_budget), disabled off, as Ollama's `think` does;
+    adaptive, or none sent, leaves the server's way."""
+    if thinking is None:
+        return defaults
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise BadRequest("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+                         "{\"type\": \"disabled\"} or {\"type\": \"adaptive\"}")
+    if kind == "adaptive":
+        return defaults
+    if kind == "enabled" and thinking.get("budget_tokens") is not None:
+        chat["thinking_budget"] = thinking["budget_tokens"]
+    said = defaults.think.think
+    think = "off" if kind == "disabled" else said if said in EFFORTS else "on"
+    return dataclasses.replace(defaults, think=dataclasses.replace(defaults.think, think=think))
 
 
 def _system(system) -> str | None:

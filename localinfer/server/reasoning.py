@@ -3,9 +3,10 @@ fields that carry it apart from the answer.
 
 Request: `chat_template_kwargs` (the template's own variables, as transformers' and llama-server's
 apply_chat_template take them), `reasoning_effort` (gpt-oss's variable; accepted and ignored by a
-model that has another switch or none), `thinking_budget` (ours: trace tokens before the close is
-written), and an earlier assistant turn's `reasoning_content`, passed on only to a template that
-reads it (Qwen3's puts it back inside `<think>`), else dropped as `chat` drops it.
+model that has another switch or none; "none" turns any thinking model's trace off),
+`thinking_budget` (ours: trace tokens before the close is written), and an earlier assistant
+turn's `reasoning_content`, passed on only to a template that reads it (Qwen3's puts it back
+inside `<think>`), else dropped as `chat` drops it.
 
 Reply: the trace as `reasoning_content` (llama-server's name) and `reasoning` (vLLM's and Ollama's
 OpenAI layer), in `message` or in each streamed `delta`; `content` holds the answer alone. A reply
@@ -15,6 +16,7 @@ llama-server leaves them out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -24,6 +26,7 @@ from localinfer.thinking.split import ANSWER, Part, split_text, splitter
 from localinfer.thinking.style import EFFORTS, Style, Think, detect
 from localinfer.server.errors import BadRequest
 
+NO_EFFORT = "none"             # OpenAI's reasoning_effort for no reasoning at all
 KWARGS_BYTES = 4096           # chat_template_kwargs as JSON: a few switches, never a document
 KWARGS_NAMES = 32
 # What the renderer sets itself and the helpers templates call: a client's variable never
@@ -42,14 +45,25 @@ def template_vars(body: dict, template: str, server: Think) -> dict[str, object]
     """The variables a chat request renders its template with: those of the server's --think,
     then its reasoning_effort, then its chat_template_kwargs, each over the one before."""
     variables = setup.template_vars(template, server.think)
-    effort = body.get("reasoning_effort")
-    if effort is not None and effort not in EFFORTS:
-        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(EFFORTS)}",
-                         "reasoning_effort")
-    if effort is not None and _switch(template) == "reasoning_effort":
+    effort = _effort(body)
+    if effort in EFFORTS and _switch(template) == "reasoning_effort":
         variables["reasoning_effort"] = effort
     variables.update(_kwargs(body.get("chat_template_kwargs")))
     return variables
+
+
+def think_of(body: dict, server: Think) -> Think:
+    """The thinking a chat request asks for: `reasoning_effort: "none"` turns it off, as
+    --no-think does (the template's switch, or an empty trace); else the server's."""
+    return dataclasses.replace(server, think="off") if _effort(body) == NO_EFFORT else server
+
+
+def _effort(body: dict) -> str | None:
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in (NO_EFFORT, *EFFORTS):
+        raise BadRequest(f"'reasoning_effort' must be one of {NO_EFFORT}, {', '.join(EFFORTS)}",
+                         "reasoning_effort")
+    return effort
 
 
 def _switch(template: str) -> str:

@@ -229,9 +229,10 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
         if defaults.system is not None and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": defaults.system}, *messages]
         messages = tools.for_template(plan, messages, template)
+        think = reasoning.think_of(body, defaults.think)
         tokens = chat_tokens(session, messages, {**reasoning.template_vars(
-            body, template, defaults.think), **tools.template_vars(plan)})
-        return tokens + setup.empty_trace_tokens(session, tokens, defaults.think.think)
+            body, template, think), **tools.template_vars(plan)})
+        return tokens + setup.empty_trace_tokens(session, tokens, think.think)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("'prompt' must be a non-empty string", "prompt")

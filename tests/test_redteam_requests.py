@@ -104,6 +104,21 @@ def test_a_string_with_no_control_text_tokenizes_as_before(smollm):
         with_bos(smollm, smollm.tokenize(text, special=True))
 
 
+# -- §31: the generic format's wrapper, read without a model ------------------------------------
+def test_the_generic_wrapper_is_taken_off_as_the_text_comes():
+    plan = tools.plan({"tools": _tools("x")}, chat_templates.SMOLLM2)
+    answer = 'Hé "q" \\ 🙂\nend'
+    written = json.dumps({"response": answer})
+    stream, sent = tools.Stream(plan), []
+    for k in range(0, len(written), 3):
+        sent.append(stream.feed(written[k:k + 3]))
+    rest, calls = stream.finish()
+    assert "".join(sent) + rest == answer and not calls and rest == ""
+    assert sum(bool(s) for s in sent) > 3           # sent while it was written, not at the end
+    assert tools.split(plan, written) == (answer, [])
+    assert tools.split(plan, '{"response": "cut sho') == ("cut sho", [])     # by max_tokens
+
+
 # -- over HTTP -----------------------------------------------------------------------------------
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -172,5 +187,43 @@ def test_openai_reasoning_effort_none_writes_no_trace(server):
         reasoning_effort="none")
     assert reply.choices[0].message.content
     assert "reasoning_content" not in (reply.choices[0].message.model_extra or {})
+
+
+# -- §31 and §33: a text answer in the generic format, and call ids -----------------------------
+TEXT_ASK = [{"role": "user", "content": "Say hello to me."}]
+
+
+def test_a_text_answer_reaches_every_client_without_the_wrapper(server):
+    """SmolLM2's template shows no tools: the generic format, whose text answer is
+    {"response": "..."}; every API gives the text alone, streamed as it is written. (Texts are
+    not compared across requests: a greedy answer may part with the slot's history, issue 41
+    §30.)"""
+    name, weather = server[1]["smollm"], _tools("The weather in a city")
+    chat = dict(model=name, messages=TEXT_ASK, tools=weather, temperature=0, max_tokens=24)
+    whole = _openai(server).chat.completions.create(**chat).choices[0].message
+    assert not whole.tool_calls and _unwrapped(whole.content)
+    deltas = [c.choices[0].delta.content for c in
+              _openai(server).chat.completions.create(**chat, stream=True)
+              if c.choices and c.choices[0].delta.content]
+    assert _unwrapped("".join(deltas)) and len(deltas) > 1
+    said = dict(model=name, messages=TEXT_ASK, max_tokens=24, extra_body={"temperature": 0},
+                tools=[{"name": "get_weather", "input_schema": WEATHER}])
+    message = _anthropic(server).messages.create(**said)
+    assert [b.type for b in message.content] == ["text"] and _unwrapped(message.content[0].text)
+    with _anthropic(server).messages.stream(**said) as events:
+        texts = [e.delta.text for e in events if e.type == "content_block_delta"]
+    assert _unwrapped("".join(texts)) and len(texts) > 1
+    client = ollama.Client(host=server[0])
+    asked = dict(model=name, messages=TEXT_ASK, tools=weather,
+                 options={"temperature": 0, "num_predict": 24})
+    assert _unwrapped(client.chat(**asked).message.content)
+    pieces = [p.message.content for p in client.chat(**asked, stream=True) if p.message.content]
+    assert _unwrapped("".join(pieces)) and len(pieces) > 1
+
+
+def _unwrapped(text: str | None) -> bool:
+    """Text, not the format's JSON around it (SmolLM2 says hello in words)."""
+    return bool(text) and not text.lstrip().startswith("{") and '"response"' not in text \
+        and "hello" in text.lower()
 
 

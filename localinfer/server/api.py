@@ -202,8 +202,9 @@ class _Reply:
             {"text": text, "logprobs": None}
         if self.chat and self.tools is not None:
             content, calls = tools.split(self.tools, choice["message"]["content"], text)
+            choice["message"]["content"] = content      # a text answer out of its format's JSON
             if calls:
-                choice["message"].update(content=content, tool_calls=calls)
+                choice["message"]["tool_calls"] = calls
                 finish = "tool_calls"
         return self._envelope({**choice, "finish_reason": finish, **closed_early(self.job)},
                               usage=self._usage())

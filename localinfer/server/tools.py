@@ -217,14 +217,16 @@ def _ids(fmt: toolcalls.ToolFormat, calls: list[toolcalls.Call]) -> list[str]:
 
 
 class Stream:
-    """Content deltas as they come, held back where a call may begin (all of it in the generic
-    format, whose answer is one JSON object, and where the call is required); the calls whole
-    at the end. `see` takes each raw piece of output, for a format whose calls show only there
-    (harmony: once a header names a function, what follows is the call)."""
+    """Content deltas as they come, held back where a call may begin (in the generic format,
+    until the answer shows it is text, whose string then comes as it is written; all of it where
+    the call is required); the calls whole at the end. `see` takes each raw piece of output, for
+    a format whose calls show only there (harmony: once a header names a function, what follows
+    is the call)."""
 
     def __init__(self, plan_: Plan | None) -> None:
         self.plan = plan_ if plan_ is not None and plan_.active else None
         self.text, self.sent, self.raw = "", 0, ""
+        self.at: int | None = None      # where a wrapped answer's text is read from next
 
     def see(self, raw: str) -> None:
         if self.plan is not None and self.plan.format.covers_trace:
@@ -235,6 +237,8 @@ class Stream:
             return content
         self.text += content
         fmt = self.plan.format
+        if fmt.wraps_text and self.plan.choice == "auto":
+            return self._unwrapped()
         if not fmt.trigger or self.plan.choice != "auto":
             return ""
         if fmt.covers_trace:
@@ -249,13 +253,25 @@ class Stream:
         out, self.sent = self.text[self.sent:safe], max(self.sent, safe)
         return out
 
+    def _unwrapped(self) -> str:
+        """A format that wraps a text answer in its JSON (generic): the answer's text as it is
+        written, once the reply shows it is one; nothing while it may be a call."""
+        fmt = self.plan.format
+        if self.at is None and (start := fmt.text_start(self.text)) is not None:
+            self.at = start
+        if self.at is None:
+            return ""
+        out, self.at = fmt.text_from(self.text, self.at)
+        self.sent += len(out)
+        return out
+
     def finish(self) -> tuple[str, list[dict]]:
         """The content not sent yet and the calls (with `index`, as OpenAI streams them)."""
         if self.plan is None:
             return "", []
         content, calls = split(self.plan, self.text, self.raw)
-        if not calls:
-            return self.text[self.sent:], []
+        if not calls:       # `sent` counts the content's characters: text, or an unwrapped answer
+            return (content or "")[self.sent:], []
         content = content or ""
         rest = content[self.sent:] if self.text.startswith(content) else ""
         return rest, [{"index": k, **c} for k, c in enumerate(calls)]

@@ -25,7 +25,9 @@ class ToolFormat:
     `auto` switches the call's grammar on ("": the whole reply is constrained from the start);
     `anchored`: the trigger counts only at the reply's start; `parallel`: a reply may hold several
     calls; `renders_tools`: the template takes `tools` itself; `covers_trace`: the grammar spans
-    the model's whole output, its reasoning included, and parse reads that raw output."""
+    the model's whole output, its reasoning included, and parse reads that raw output;
+    `wraps_text`: a text answer is written inside the format's JSON, and `text_start` and
+    `text_from` read it out as it comes."""
 
     name = ""
     trigger = ""
@@ -33,6 +35,7 @@ class ToolFormat:
     parallel = True
     renders_tools = True
     covers_trace = False
+    wraps_text = False      # a text answer comes inside the format's own JSON (generic's)
 
     def grammar(self, tools: dict[str, dict], convert: Convert, *, parallel: bool,
                 auto: bool) -> str:
@@ -45,6 +48,14 @@ class ToolFormat:
 
     def new_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
+
+    def text_start(self, text: str) -> int | None:
+        """Where a text answer's own text begins in the reply so far (None: not known yet)."""
+        return 0
+
+    def text_from(self, text: str, at: int) -> tuple[str, int]:
+        """The answer's text from `at` up to what is written whole, and where that ends."""
+        return text[at:], len(text)
 
     def __repr__(self) -> str:
         return f"<tool format {self.name}>"

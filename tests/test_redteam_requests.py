@@ -104,6 +104,32 @@ def test_a_string_with_no_control_text_tokenizes_as_before(smollm):
         with_bos(smollm, smollm.tokenize(text, special=True))
 
 
+# -- §33: call ids are ours; a template's own shape of id is mapped to --------------------------
+def test_call_ids_are_ours_and_unique():
+    plan = tools.plan({"tools": _tools("x"), "tool_choice": "required"}, chat_templates.SMOLLM2)
+    written = json.dumps({"tool_calls": [
+        {"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "1234567890"},
+        {"name": "get_weather", "arguments": {"city": "Rome"}, "id": "1234567890"}]})
+    ids = [c["id"] for c in tools.split(plan, written)[1]]
+    assert len(set(ids)) == 2 and all(re.fullmatch(r"call_[0-9a-f]{24}", i) for i in ids)
+    mistral = tools.plan({"tools": _tools("x")}, chat_templates.MISTRAL_NEMO)
+    said = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "abcdefghi"}]'
+    assert tools.split(mistral, said)[1][0]["id"] != "abcdefghi"
+
+
+@pytest.mark.parametrize("template", [chat_templates.MISTRAL_NEMO,
+                                      chat_templates.MISTRAL_SMALL_32])
+def test_our_ids_go_back_through_mistral_s_templates(template):
+    """Mistral's templates refuse an id that is not 9 letters and digits: ours are mapped,
+    the same in a call and in its result."""
+    history = tools.for_template(None, _call({"city": "Oslo"}, "call_0123456789abcdef01234567"),
+                                 template)
+    ident = history[1]["tool_calls"][0]["id"]
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", ident) and history[2]["tool_call_id"] == ident
+    text = templates.render(template, history, bos_token="<s>", eos_token="</s>")
+    assert text.count(ident) >= 1
+
+
 # -- §31: the generic format's wrapper, read without a model ------------------------------------
 def test_the_generic_wrapper_is_taken_off_as_the_text_comes():
     plan = tools.plan({"tools": _tools("x")}, chat_templates.SMOLLM2)
@@ -225,5 +251,29 @@ def _unwrapped(text: str | None) -> bool:
     """Text, not the format's JSON around it (SmolLM2 says hello in words)."""
     return bool(text) and not text.lstrip().startswith("{") and '"response"' not in text \
         and "hello" in text.lower()
+
+
+def test_call_ids_are_the_server_s_in_each_api_s_shape(server):
+    """The generic format asks the model for an id beside each parallel call: the reply's ids
+    are ours, never one from the history."""
+    name, weather = server[1]["smollm"], _tools("The weather in a city")
+    earlier = "call_" + "0" * 24
+    history = [{"role": "user", "content": "Weather in Oslo?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": earlier, "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": earlier, "content": "18 degrees"},
+               {"role": "user", "content": "And in Rome?"}]
+    calls = _openai(server).chat.completions.create(
+        model=name, messages=history, tools=weather, tool_choice="required", temperature=0,
+        max_tokens=60).choices[0].message.tool_calls
+    assert calls and all(re.fullmatch(r"call_[0-9a-f]{24}", c.id) for c in calls)
+    assert earlier not in {c.id for c in calls}
+    message = _anthropic(server).messages.create(
+        model=name, messages=[{"role": "user", "content": "Weather in Oslo?"}], max_tokens=60,
+        tools=[{"name": "get_weather", "input_schema": WEATHER}], tool_choice={"type": "any"},
+        extra_body={"temperature": 0})
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert uses and all(re.fullmatch(r"toolu_[0-9a-f]{24}", b.id) for b in uses)
 
 

@@ -16,14 +16,16 @@ content and is never read for calls, as llama-server does: a client that said no
 
 Reply: `message.tool_calls` (id, type "function", function.name, function.arguments as a JSON
 string) and finish_reason "tool_calls"; streamed, the content as it comes (held back where it may
-begin a call) and each call whole in one delta. A format that writes call ids (Mistral's, 9
-letters and digits its template insists on) keeps the model's.
+begin a call) and each call whole in one delta. Call ids are ours (`new_id`), never what a model
+wrote; a template that insists on its own shape of id (Mistral's 9 letters and digits) gets each
+history id mapped to one (ToolFormat.template_id).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
 
 from localinfer.engine import toolcalls
@@ -129,6 +131,7 @@ def for_template(plan_: Plan | None, messages: list[dict], template: str) -> lis
     """The messages the template renders: in the generic format, the tools and the answer's
     shape in the system message, calls and results written as text for a template without
     them."""
+    messages = _ids_for(toolcalls.format_of(template), messages)
     if plan_ is None or plan_.format.renders_tools:
         return messages
     out = []
@@ -150,6 +153,20 @@ def for_template(plan_: Plan | None, messages: list[dict], template: str) -> lis
     if out and out[0]["role"] == "system":
         return [{**out[0], "content": out[0]["content"] + "\n\n" + described}, *out[1:]]
     return [{"role": "system", "content": described}, *out]
+
+
+def _ids_for(fmt: toolcalls.ToolFormat, messages: list[dict]) -> list[dict]:
+    """The history's call ids as the template takes them (Mistral's insists on 9 letters and
+    digits): each mapped the same way in a call and in its result, so they still pair."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "id": fmt.template_id(c["id"])}
+                                     for c in m["tool_calls"]]}
+        if "tool_call_id" in m:
+            m = {**m, "tool_call_id": fmt.template_id(m["tool_call_id"])}
+        out.append(m)
+    return out
 
 
 def template_vars(plan_: Plan | None) -> dict:
@@ -202,18 +219,15 @@ def split(plan_: Plan | None, content: str,
     calls = [c for c in calls if c.name in plan_.params]
     if not calls:
         return (content if fmt.covers_trace else text), []
-    ids = _ids(fmt, calls)
-    return (text or None), [{"id": i, "type": "function", "function": {
-        "name": c.name, "arguments": json.dumps(c.arguments)}} for i, c in zip(ids, calls)]
+    return (text or None), [{"id": new_id(), "type": "function", "function": {
+        "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
 
 
-def _ids(fmt: toolcalls.ToolFormat, calls: list[toolcalls.Call]) -> list[str]:
-    """The model's own ids where it wrote them (once each), else new ones in the format's
-    shape."""
-    ids: list[str] = []
-    for call in calls:
-        ids.append(call.id if call.id and call.id not in ids else fmt.new_id())
-    return ids
+def new_id() -> str:
+    """A call's id, ours and never the model's (which may repeat one from the history, or write
+    whatever its training showed): 96 random bits, so unique across any conversation. Anthropic
+    says it `toolu_` + the same hex (server/anthropic_tools.py)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class Stream:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-import uuid
 from typing import Callable, NamedTuple, Sequence
 
 
 class Call(NamedTuple):
     name: str
     arguments: dict
-    id: str | None = None       # the model's own id, where its format writes one (Mistral)
+    id: str | None = None       # the id the model wrote, where its format has one: never used
 
 
 Parsed = tuple[str, list[Call]]         # (the reply's content, its calls)
@@ -46,8 +45,9 @@ class ToolFormat:
     def parse(self, text: str) -> Parsed:
         raise NotImplementedError
 
-    def new_id(self) -> str:
-        return f"call_{uuid.uuid4().hex[:24]}"
+    def template_id(self, ident: str) -> str:
+        """A call id of the history as this format's template takes it."""
+        return ident
 
     def text_start(self, text: str) -> int | None:
         """Where a text answer's own text begins in the reply so far (None: not known yet)."""

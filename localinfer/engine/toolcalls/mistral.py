@@ -4,12 +4,13 @@
 - one call after another (Mistral Small 3.2, Devstral, Ministral 3):
   `[TOOL_CALLS]NAME[CALL_ID]a1b2c3d4e[ARGS]{...}`, `[CALL_ID]` where the template has it.
 The templates refuse a call id other than 9 letters and digits, so the model writes one (the
-grammar keeps it to that) and a reply's calls carry it: the history round-trips."""
+grammar keeps it to that, as it was trained), but a reply's calls carry ids of the server's own:
+each history id is mapped to 9 letters and digits for the template (`template_id`)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
-import secrets
 import string
 
 from localinfer.engine.toolcalls.common import (Call, Convert, Parsed, ToolFormat, alternatives,
@@ -19,14 +20,23 @@ from localinfer.engine.toolcalls.common import (Call, Convert, Parsed, ToolForma
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _ID_CHARS = string.ascii_letters + string.digits
 _ID_RULE = "call-id ::= [A-Za-z0-9]{9}"
+_ID = re.compile(r"[A-Za-z0-9]{9}")
 _NAME_END = re.compile(r"\[CALL_ID\]|\[ARGS\]|\{")
 
 
 class _Mistral(ToolFormat):
     trigger = TOOL_CALLS
 
-    def new_id(self) -> str:
-        return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
+    def template_id(self, ident: str) -> str:
+        """`ident` where it is 9 letters and digits already, else 9 drawn from its hash: the
+        same for a call and its result, and (in practice) apart for two ids."""
+        if _ID.fullmatch(ident):
+            return ident
+        number, chars = int.from_bytes(hashlib.sha256(ident.encode()).digest(), "big"), []
+        for _ in range(9):
+            number, digit = divmod(number, len(_ID_CHARS))
+            chars.append(_ID_CHARS[digit])
+        return "".join(chars)
 
 
 class MistralJson(_Mistral):

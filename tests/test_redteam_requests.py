@@ -277,3 +277,17 @@ def test_call_ids_are_the_server_s_in_each_api_s_shape(server):
     assert uses and all(re.fullmatch(r"toolu_[0-9a-f]{24}", b.id) for b in uses)
 
 
+# -- §34: a model without a chat template has no chat, on the API and in the CLI ----------------
+def test_chat_without_a_template_is_refused_everywhere_alike(server, models_home):
+    gemma = server[1]["gemma"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        _openai(server).chat.completions.create(model=gemma, messages=ASK, max_tokens=2)
+    assert "no chat template" in str(refused.value) and "/v1/completions" in str(refused.value)
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama.Client(host=server[0]).chat(model=gemma, messages=ASK)
+    assert "no chat template" in str(refused.value) and "/api/generate" in str(refused.value)
+    result = run_cli("chat", GEMMA, "--offline", "-n", "2", input="Hi\n")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "no chat template" in error_line(result) and "--raw" in error_line(result)
+    raw = run_cli("chat", GEMMA, "--offline", "--raw", "-n", "2", "--temp", "0", input="Hi\n")
+    assert raw.returncode == 0 and raw.stdout.strip(), raw.stderr

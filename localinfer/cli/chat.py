@@ -79,8 +79,10 @@ def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, lim
     as is, as a model without a chat template gets it. A thinking model's trace goes to stderr
     when `show_trace`, and never into the conversation."""
     session = loaded.session
-    if not session.chat_template:
-        console.warn("this model has no chat template; chat sends each message as raw text")
+    if not session.chat_template and not raw:       # the rule the API keeps (docs/apis.md)
+        raise UsageError(f"{loaded.ref.display} has no chat template, so a chat cannot tell its "
+                         "turns apart; --raw sends each message as text for it to continue, "
+                         "or `run` continues one prompt")
     if not raw:     # a damaged template: said before the first message rather than after it
         from localinfer.engine.templates import check_decoded
         check_decoded(session.chat_template)

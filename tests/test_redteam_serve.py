@@ -190,6 +190,52 @@ def test_a_store_file_removed_while_loaded_serves_until_unloaded_then_is_a_404(s
     assert server.post("/v1/completions", {**ask, "model": "served.gguf"})[0] == 200
 
 
+@pytest.mark.parametrize("keep_alive", [1e10, 10 ** 400, "2562047h47m16.854775807s", -1])
+def test_a_keep_alive_of_any_size_keeps_the_model_for_ever_and_the_pool_alive(server,
+                                                                            keep_alive):
+    """Issue 41 item 6: keep_alive 1e10 killed the reaper; from then on nothing unloaded (a later
+    "1s" neither), and /api/ps and /metrics lost the model."""
+    gemma = "gemma-3-270m:Q4_K_M"
+    status, reply = server.post("/api/generate", {"model": "gemma3-270m", "keep_alive": keep_alive})
+    assert status == 200 and reply["done_reason"] == "load", reply
+    assert server.loaded()[gemma]["expires_at"].startswith("2318")    # Ollama's for ever
+    metrics = urllib.request.urlopen(server.url + "/metrics", timeout=60).read().decode()
+    assert f'model="{gemma}"' in metrics
+    status, _ = server.post("/api/generate", {"model": gemma, "keep_alive": "1s"})
+    assert status == 200
+    deadline = time.monotonic() + 30
+    while gemma in server.loaded():     # the reaper, alive, unloads it a second later
+        assert time.monotonic() < deadline, server.loaded()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("keep_alive", ["NaN", "inf", "-inf", "Infinity", "1e10", "5m" * 40])
+def test_a_keep_alive_that_is_not_a_duration_is_a_400_in_each_apis_shape(server, keep_alive):
+    for path, body in GENERATING:
+        status, reply = server.post(path, {**body, "model": "served.gguf",
+                                           "keep_alive": keep_alive})
+        assert status == 400 and "keep_alive" in _message(reply), (path, reply)
+        assert len(_message(reply)) < 300
+
+
+def test_health_answers_at_once_while_large_keep_alive_values_arrive(server):
+    """Issue 41 item 7: three requests carrying a valid 4 MB keep_alive held /health for 13.3 s
+    (it was read on the event loop, by a pattern that walks the whole text)."""
+    big = "1s" * ((4 << 20) // 2 - 256)      # a valid duration, the body just under 4 MB
+    posted = [threading.Thread(target=server.post, args=("/api/generate", {
+        "model": "served.gguf", "prompt": "Hi", "stream": False, "keep_alive": big,
+        "options": {"num_predict": 1}}), daemon=True) for _ in range(3)]
+    for thread in posted:
+        thread.start()
+    slowest = 0.0
+    while any(thread.is_alive() for thread in posted):
+        started = time.perf_counter()
+        urllib.request.urlopen(server.url + "/health", timeout=60).read()
+        slowest = max(slowest, time.perf_counter() - started)
+        time.sleep(0.01)
+    assert slowest < 0.5, slowest
+
+
 # -- a model too large for --memory ------------------------------------------------------------
 def test_a_model_too_large_is_the_same_400_everywhere_and_nothing_is_written(models_home,
                                                                              tmp_path):

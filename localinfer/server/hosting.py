@@ -135,10 +135,12 @@ class Models:
         return self.pool.status()
 
     # -- leases -----------------------------------------------------------------------------
-    async def lease(self, name: object, keep_alive: float | None) -> Lease[ServedModel]:
-        """The model a request names, loaded if need be; the errors each as the client's
-        reply: an unknown name a 404, a full wait a 429, too large a 400, a failed load a 500."""
-        key = await self._key_or_404(name)
+    async def lease(self, name: object, keep_alive: object = None) -> Lease[ServedModel]:
+        """The model a request names, loaded if need be, kept loaded as the request's
+        `keep_alive` says (its field as sent: checked here); the errors each as the client's
+        reply: a bad keep_alive a 400, an unknown name a 404, a full wait a 429, too large a 400,
+        a failed load a 500."""
+        key, keep_alive = await self._resolved(name, keep_alive)
         if keep_alive is None and key in self._kept:
             keep_alive = math.inf
         try:
@@ -178,10 +180,24 @@ class Models:
         return plan
 
     async def _key_or_404(self, name: object) -> str:
+        return (await self._resolved(name, None))[0]
+
+    async def _resolved(self, name: object, keep_alive: object) -> tuple[str, float | None]:
+        """(the pool's key for a request's name, its keep_alive in seconds or None), both read
+        in a thread: neither is the event loop's work. A bad keep_alive is a 400 before the
+        name's 404."""
+        from localinfer.server.ollama_options import check_keep_alive
         if not isinstance(name, str) or not name:
             raise BadRequest("'model' is required and must be a string", "model")
+
+        def read() -> tuple[str, float | None]:
+            seconds = check_keep_alive(keep_alive)
+            return self._key_or_raise(name), seconds
+        return await asyncio.to_thread(read)
+
+    def _key_or_raise(self, name: str) -> str:
         try:
-            return await asyncio.to_thread(self.key, name)
+            return self.key(name)
         except LocalinferError as e:
             loaded = ", ".join(m.names[0] for m in self._models()) or "none"
             raise BadRequest(f"model '{name[:200]}' not found: {e}; loaded now: "
@@ -206,11 +222,9 @@ async def open_view(served, body: dict, *, name_key: str = "model", tag: str = "
     `keep_alive` (Ollama's field; an extra one in the OpenAI and Anthropic APIs) is the model's
     from now on. `job`: the request is answered by the model's worker (not an embedding or a
     description)."""
-    from localinfer.server.ollama_options import check_keep_alive
     name = body.get(name_key)
-    keep_alive = check_keep_alive(body.get("keep_alive"))
     bare = name.removesuffix(tag) if tag and isinstance(name, str) else name
-    lease = await served.models.lease(bare or name, keep_alive)
+    lease = await served.models.lease(bare or name, body.get("keep_alive"))
     batch = _asks_batch(body)
     return view(served, lease, name, batch=batch, coming=job and not batch)
 

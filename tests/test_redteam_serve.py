@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import error_line, free_port, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -234,6 +234,33 @@ def test_health_answers_at_once_while_large_keep_alive_values_arrive(server):
         slowest = max(slowest, time.perf_counter() - started)
         time.sleep(0.01)
     assert slowest < 0.5, slowest
+
+
+def test_stop_takes_every_name_a_request_takes_and_never_loads(server):
+    """Issue 41 item 27: an unload (keep_alive 0, no prompt; what `localinfer stop` sends) by
+    an alias unloads the model loaded under its own name, and says why in the log; of a model
+    not loaded it loads nothing."""
+    gemma = "gemma-3-270m:Q4_K_M"
+    for name in ("gemma3-270m", "gemma-3-270m", gemma, "gemma3-270m:latest"):
+        assert server.post("/api/generate", {"model": "gemma-3-270m", "keep_alive": -1})[0] \
+            == 200
+        assert gemma in server.loaded()
+        status, reply = server.post("/api/generate", {"model": name, "keep_alive": 0})
+        assert status == 200 and reply["done_reason"] == "unload" and reply["unloaded"], reply
+        assert gemma not in server.loaded()
+    status, reply = server.post("/api/chat", {"model": "gemma3-270m", "keep_alive": 0})
+    assert status == 200 and reply["done_reason"] == "unload" and not reply["unloaded"]
+    time.sleep(0.5)
+    assert gemma not in server.loaded()         # nothing loaded to unload it
+    # `localinfer stop` takes the same names (it refused any but the one ps lists)
+    assert server.post("/api/generate", {"model": "gemma-3-270m", "keep_alive": -1})[0] == 200
+    stopped = run_cli("stop", "gemma3-270m", "--port", str(server.port))
+    assert stopped.returncode == 0, stopped.stderr
+    assert gemma not in server.loaded()
+    again = run_cli("stop", "gemma3-270m", "--port", str(server.port))
+    assert again.returncode == 2 and "gemma3-270m is not loaded" in error_line(again)
+    assert server.log.count("unloaded gemma-3-270m (asked to: localinfer stop") >= 5
+    assert "keep-alive ran out" not in server.log
 
 
 # -- a model too large for --memory ------------------------------------------------------------

@@ -177,9 +177,11 @@ def test_no_prompt_or_no_messages_loads_the_model(smollm):
     loaded = client.generate(model="smollm2", prompt="", keep_alive="10m")
     assert (loaded.done, loaded.done_reason, loaded.response) == (True, "load", "")
     assert [m.model for m in client.ps().models] == [SMOLLM_NAME]
-    loaded = client.chat(model="smollm2", messages=[], keep_alive=0)
-    assert (loaded.done, loaded.done_reason, loaded.message.content) == (True, "load", "")
-    assert client.ps().models == []                 # keep_alive 0: unloaded once done
+    unloaded = client.chat(model="smollm2", messages=[], keep_alive=0)
+    assert (unloaded.done, unloaded.done_reason, unloaded.message.content) == (True, "unload", "")
+    assert client.ps().models == []                 # keep_alive 0 and nothing asked: unloaded
+    again = client.chat(model="smollm2:latest", messages=[], keep_alive=0)
+    assert again.done_reason == "unload" and client.ps().models == []     # nothing loaded for it
     client.generate(model="smollm2", prompt="", keep_alive=-1)     # loaded again, and kept
     [running] = client.ps().models
     assert running.model == SMOLLM_NAME and running.expires_at.year > 2300

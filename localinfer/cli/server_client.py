@@ -55,7 +55,7 @@ def ps(url: Optional[str] = _url_option(), port: int = _port_option()) -> None:
 
 
 def stop(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
-                                     help="The model, as `localinfer ps` names it."),
+                                     help="The model, by any name a request may use."),
          url: Optional[str] = _url_option(), port: int = _port_option()) -> None:
     """Unload a model from a running server (once the requests using it are done).
 
@@ -64,11 +64,14 @@ def stop(model: str = typer.Argument(..., metavar="MODEL", show_default=False,
     """
     base = _base(url, port)
     loaded = [m["name"] for m in _loaded(base)]
-    if model not in loaded and f"{model}:latest" not in loaded:
+    listed = model in loaded or f"{model}:latest" in loaded
+    answer = _call(base, "/api/generate", {"model": model, "keep_alive": 0})
+    # Another name of a loaded model (an alias, the name without its quant): a localinfer server
+    # resolves it as a request's and says whether it unloaded something; an Ollama says nothing.
+    if not listed and answer.get("unloaded") is not True:
         shown = ", ".join(console.clean(name) for name in loaded)     # the server's own names
         raise UsageError(f"{console.clean(model)} is not loaded on {base}; loaded: "
                          f"{shown or 'none'}")
-    _call(base, "/api/generate", {"model": model, "keep_alive": 0})
 
 
 def _base(url: str | None, port: int) -> str:

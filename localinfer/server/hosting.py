@@ -154,6 +154,14 @@ class Models:
         except LocalinferError as e:
             raise BadRequest(str(e), status=500, code="model_load_failed") from None
 
+    async def unload(self, name: object) -> bool:
+        """Unload the model a request names, once the requests holding it are done, without
+        loading anything (Ollama's keep_alive 0 with no prompt; `localinfer stop`): every name a
+        request may use reaches it. False when no model is loaded under that name; an unknown
+        name is a 404, as for any request."""
+        key = await self._key_or_404(name)
+        return self.pool.stop(key)
+
     async def about(self, name: object) -> About:
         """What a model is, loaded or not: a loaded one as it runs, another as it would be
         fitted (its file and context), never loaded, pulled or quantized to say it (Ollama's

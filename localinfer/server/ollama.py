@@ -16,7 +16,8 @@ refused: no model served here sees them.
 /api/generate: `prompt` in the model's chat template after `system`, or as it is with `raw`
 (or when the model has no template). `suffix` (fill-in-the-middle), `images`, `template` (a Go
 template) and `context` (the tokens of an earlier reply) are refused: none is implemented.
-No prompt, or no messages: the model is loaded (done_reason "load"), as Ollama answers.
+No prompt, or no messages: the model is loaded (done_reason "load"), as Ollama answers; with
+keep_alive 0 too, it is unloaded instead (done_reason "unload"), nothing loaded to say so.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def routes(served) -> list[Route]:
 async def _answer(served, request: Request, *, chat: bool):
     started = time.perf_counter_ns()
     try:
-        seen, body = await opened(served, request)
+        body, unloads = await _read(served, request, chat)
+        if unloads:
+            return await _unload(served, body, chat)
+        seen = await hosting.open_view(served, body, tag=":latest")
     except BadRequest as e:
         return e.response(ollama_error)
     try:
@@ -89,16 +93,34 @@ async def _answer(served, request: Request, *, chat: bool):
     return await jobs.run(seen, request, prepared, reply, ollama_error)
 
 
-async def opened(served, request: Request):
-    """The server as the request sees it (its model leased: release it), and its body."""
+async def _read(served, request: Request, chat: bool) -> tuple[dict, bool]:
+    """The body, and whether it asks for its model's unload (in a thread: parsing is work)."""
     raw = await requests.read_body(request, seconds=served.body_seconds)
-    body = await asyncio.to_thread(requests.parse, raw)
     said = request.headers.get(requests.PRIORITY_HEADER)
+    return await asyncio.to_thread(_parsed, raw, said, chat)
+
+
+def _parsed(raw: bytes, said: str | None, chat: bool) -> tuple[dict, bool]:
+    body = requests.parse(raw)
     if said is not None:            # under the name the options take it by
         options = body.setdefault("options", {})
         if isinstance(options, dict):
             options.setdefault("priority", said.strip().lower())
-    return await hosting.open_view(served, body, tag=":latest"), body
+    asked = body.get("messages") if chat else body.get("prompt")
+    unloads = asked in (None, "", []) and \
+        ollama_options.check_keep_alive(body.get("keep_alive")) == 0
+    return body, unloads
+
+
+async def _unload(served, body: dict, chat: bool) -> JSONResponse:
+    """Ollama's unload (keep_alive 0 and nothing to answer): the model goes once its requests
+    are done, and nothing is loaded to say so. `unloaded` (not Ollama's) is false when no model
+    was loaded under that name, which `localinfer stop` reports."""
+    name = body.get("model")
+    bare = name.removesuffix(":latest") if isinstance(name, str) else name
+    unloaded = await served.models.unload(bare or name)
+    return JSONResponse({**ollama_reply.loaded(name, chat), "done_reason": "unload",
+                         "unloaded": unloaded})
 
 
 # -- the request -------------------------------------------------------------------------------

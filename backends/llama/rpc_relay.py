@@ -106,6 +106,8 @@ class _Conversation:
 
     def __init__(self, relay: Relay, down: socket.socket) -> None:
         self.relay, self.down = relay, down
+        self.inbox = _Inbox(down)
+        self.outbox = bytearray()           # commands for the worker, sent together
         self.graceful = relay.connecting
         self.up: socket.socket | None = None
         self.owed: int | None = None        # the command whose reply ggml waits for
@@ -117,7 +119,7 @@ class _Conversation:
     def run(self) -> None:
         self.relay.live.add(self)
         try:
-            while (head := _recv_exact(self.down, 9)) is not None:   # ggml may idle for long
+            while (head := self.inbox.take(9)) is not None:   # ggml may idle for long
                 command, size = struct.unpack("<BQ", head)
                 self.owed = command if command in REPLY_SIZE or command == GET_TENSOR else None
                 self.since = time.monotonic()
@@ -135,7 +137,7 @@ class _Conversation:
 
     def _one(self, command: int, size: int, head: bytes) -> None:
         if command == HELLO:
-            _recv_exact(self.down, size)    # ggml's transport caps: plain TCP through here
+            self.inbox.take(size)           # ggml's transport caps: plain TCP through here
             self.down.sendall(struct.pack("<Q", 28) + self._hello() + bytes(CAPS_SIZE))
             return
         if command >= len(NAMES) or self.up is None:
@@ -146,16 +148,21 @@ class _Conversation:
             expected = struct.unpack_from("<Q", request, len(request) - 8)[0]
         if expected is None:
             self.pending_work |= command in HEAVY
+            if not self.inbox.holds_command():   # else more of ggml's follow: one send for all
+                self._flush()
             return
+        self._flush()
         heavy = self.pending_work or command in HEAVY
-        (got,) = struct.unpack("<Q", self._recv_up(8, heavy))
+        small = expected <= _SMALL
+        head = self._recv_up(8, heavy, more=expected if small else 0)   # mostly one read
+        (got,) = struct.unpack_from("<Q", head)
         if got != expected:
             raise Refused(f"worker {self.relay.endpoint} answered {got} bytes to "
                           f"{NAMES[command]} where the protocol has {expected}: not a llama.cpp "
                           "RPC server of this version")
-        if expected <= _SMALL:
-            reply = check(self.relay, command, request, self._recv_up(expected, heavy),
-                          self.buffers)
+        if small:
+            body = head[8:] + self._recv_up(expected + 8 - len(head), heavy)
+            reply = check(self.relay, command, request, body, self.buffers)
             self.down.sendall(struct.pack("<Q", expected) + reply)
         else:
             self.down.sendall(struct.pack("<Q", expected))
@@ -187,23 +194,23 @@ class _Conversation:
 
     # -- bytes through -----------------------------------------------------------------------
     def _pass_request(self, head: bytes, size: int) -> bytes:
-        """Carry a command to the worker; its payload when small (the reply's checks read it)."""
+        """Queue a command for the worker; its payload when small (the reply's checks read it)."""
         if size <= _SMALL:
-            payload = _recv_exact(self.down, size) if size else b""
+            payload = self.inbox.take(size)
             if payload is None:
                 raise OSError("ggml closed mid-command")
-            self._send_up(head + payload)
+            self.outbox += head + payload
             return payload
-        self._send_up(head)
-        buffer = memoryview(bytearray(_CHUNK))
-        left = size
-        while left:
-            n = self.down.recv_into(buffer, min(left, _CHUNK))
-            if not n:
-                raise OSError("ggml closed mid-command")
-            self._send_up(buffer[:n])
-            left -= n
+        self.outbox += head
+        self._flush()
+        for piece in self.inbox.pieces(size):
+            self._send_up(piece)
         return b""
+
+    def _flush(self) -> None:
+        if self.outbox:
+            self._send_up(self.outbox)
+            self.outbox = bytearray()
 
     def _stream(self, size: int, heavy: bool) -> None:
         left = size
@@ -225,12 +232,13 @@ class _Conversation:
                 raise Refused(self._lost()) from None
             view, last = view[n:], time.monotonic()
 
-    def _recv_up(self, size: int, heavy: bool) -> bytes:
+    def _recv_up(self, size: int, heavy: bool, more: int = 0) -> bytes:
+        """`size` bytes from the worker, or up to `more` beyond them if they are there."""
         data, last = bytearray(), time.monotonic()
         assert self.up is not None
         while len(data) < size:
             try:
-                chunk = self.up.recv(size - len(data))
+                chunk = self.up.recv(size + more - len(data))
             except TimeoutError:
                 last = self._waited(last, heavy)
                 continue
@@ -288,11 +296,11 @@ class _Conversation:
             while True:
                 if owed in answers:
                     self.down.sendall(struct.pack("<Q", len(answers[owed])) + answers[owed])
-                head = _recv_exact(self.down, 9)
+                head = self.inbox.take(9)
                 if head is None:
                     return
                 owed, size = struct.unpack("<BQ", head)
-                if size > _SMALL or _recv_exact(self.down, size) is None:
+                if size > _SMALL or self.inbox.take(size) is None:
                     return
         except OSError:
             return
@@ -357,15 +365,44 @@ def check(relay: Relay, command: int, request: bytes, reply: bytes,
     return reply
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
-    """`size` bytes from ggml's side, blocking; None when it closed."""
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
+class _Inbox:
+    """ggml's side, read in as large pieces as are there: ggml sends a command in three writes and
+    a token's commands back to back, which arrive here in one or two reads (blocking: ggml may
+    idle for long)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.data = sock, bytearray()
+
+    def take(self, size: int) -> bytes | None:
+        """`size` bytes; None when ggml closed."""
+        wait_all = 0
+        while len(self.data) < size:       # what is there, then (one call) the rest
+            want = size - len(self.data)
+            chunk = self.sock.recv(want if wait_all else max(want, _SMALL), wait_all)
+            if not chunk:
+                return None
+            self.data += chunk
+            wait_all = socket.MSG_WAITALL
+        taken = bytes(self.data[:size])
+        del self.data[:size]
+        return taken
+
+    def holds_command(self) -> bool:
+        return len(self.data) >= 9
+
+    def pieces(self, size: int):
+        """A large payload in pieces of at most _CHUNK bytes, what was read ahead first."""
+        ahead = bytes(self.data[:size])
+        del self.data[:size]
+        if ahead:
+            yield ahead
+        left, buffer = size - len(ahead), memoryview(bytearray(_CHUNK))
+        while left:
+            n = self.sock.recv_into(buffer, min(left, _CHUNK))
+            if not n:
+                raise OSError("ggml closed mid-command")
+            yield buffer[:n]
+            left -= n
 
 
 def _harden(sock: socket.socket) -> None:

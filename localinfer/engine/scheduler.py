@@ -12,13 +12,11 @@ continues from them only up to a point that changes no bit of its logits (engine
 prompt is cut into the batches a cold evaluation of it is cut into, and its batch goes first in
 its llama_decode, so a greedy answer does not hang on what the slot served before.
 
-The pool of cells is shared (llama.cpp's unified KV cache). By default each request may fill its
-share of it (`map`: --ctx is each prompt's); a server passes `request_ctx` so that one request may
-fill the whole pool. Then admission keeps the pool from overfilling: a request with max_tokens is
-admitted once the pool holds its prompt and that many tokens besides what the running requests hold
-or were promised, so others never cut it short; one without max_tokens takes what is free, and when
-the pool runs out the most recently admitted of those ends with finish_reason "context" (the end of
-its context, as in `run`). A free slot's kept cells are only a cache: they go first.
+The pool of cells is shared (llama.cpp's unified KV cache); admission is engine/admission.py's.
+By default each request may fill its share of it (`map`: --ctx is each prompt's); a server passes
+`request_ctx` so that one request may fill the whole pool, and then no request can hold it
+against the others: a request is promised its share at most, and gives back what it holds beyond
+that when another needs it (it pauses, and continues from the cells it kept once there is room).
 
 A request whose own sampling fails (a grammar that allows no token, any error while choosing or
 emitting its token) ends alone with `error` set; the others go on. A failed llama_decode ends the
@@ -36,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from localinfer.backends import BatchSession, Piece
+from localinfer.engine.admission import Admission
 from localinfer.engine import batching
 from localinfer.engine.batching import GRAIN, Exact
 from localinfer.engine.decode import Emitter, Limits, Stats
@@ -105,10 +104,10 @@ class _Running:
     job: Job
     seq: int
     pos: int                  # next position to fill
-    pending: list[int]        # prompt tokens not evaluated yet
+    pending: list[int]        # prompt tokens not evaluated yet (a paused job's: its own too)
     emit: Emitter
     shared: int               # prompt tokens it did not evaluate (prefix, kept cells, cache)
-    reserved: int = 0         # positions promised at admission (its prompt and max_tokens)
+    reserved: int = 0         # positions promised at admission (see _promise)
     from_prefix: int = 0      # of its positions, cells that are the prefix sequence's own
     exact: Exact = Exact(False, 0, 0)   # how far its cells are a cold evaluation's
     ends: list[int] = field(default_factory=list)   # where the batches of `pending` end
@@ -118,7 +117,7 @@ class _Running:
         return max(self.pos + len(self.pending), self.reserved) - self.from_prefix
 
 
-class Scheduler:
+class Scheduler(Admission):
     """Runs jobs on a BatchSession of `parallel` request sequences (plus one for the prefix)."""
 
     def __init__(self, batch: BatchSession, *, prefix: Sequence[int] = (),
@@ -131,9 +130,12 @@ class Scheduler:
         self.prefix: list[int] = []
         self._prefix_seq = self.parallel
         self._kept = Kept(batch)                # free slots' cells
+        self._paused: dict[int, Emitter] = {}   # id(job) -> its emitter, while it waits again
         self._window = int(getattr(batch.session, "sliding_window", 0) or 0)
         # The positions one request may fill: its share of the pool, or what the caller allows
         self.seq_ctx = min(request_ctx or batch.n_ctx // self.parallel, batch.n_ctx)
+        # What each request is promised whatever the others ask (see the module's doc)
+        self.share = max(batch.n_ctx // self.parallel, 1)
         self._failures = 0              # llama_decode failures in a row
         self.occupancy = Occupancy()
         batch.clear()                   # it starts from an empty pool: nothing it cannot account for
@@ -170,60 +172,9 @@ class Scheduler:
             if not running:
                 continue
             while (seq := self._out_of_room(running)) is not None:
-                self._end_early(running[seq])
-                self._finish(running, free, seq, "context", on_done)
+                self._give_back(running, free, seq, waiting, on_done)
             for seq, reason in self._step_or_fail(list(running.values())):
                 self._finish(running, free, seq, reason, on_done)
-
-    def _admit(self, waiting: deque, running: dict, free: list[int],
-               on_done: Callable[[Job], None]) -> None:
-        """Start waiting jobs, in order, while a slot is free and the pool has their room.
-        Batch jobs leave one slot to interactive ones (when there are two or more), so that an
-        interactive request never waits for a batch one to end."""
-        while free and waiting:
-            job = waiting[0]
-            if job.batch and not job.cancelled and \
-                    sum(r.job.batch for r in running.values()) >= max(1, self.parallel - 1):
-                return
-            if job.cancelled or self._refused(job):
-                waiting.popleft()
-                job.stats.finish_reason = "cancelled" if job.cancelled else ""
-                on_done(job)
-                continue
-            seq = self._slot_for(job, free)
-            # Its cells: the prefix's are shared, unless the prompt cache restores its own.
-            shared = 0 if self.store else _common(job.prompt, self.prefix, len(job.prompt) - 1)
-            need = self._reserve(job) - shared
-            # With nothing running it always starts: _refused made sure it fits an empty pool.
-            if not self._room_for(need, running, keep=seq) and running:
-                return          # it waits: a request that ends gives its cells back
-            waiting.popleft()
-            free.remove(seq)
-            running[seq] = self._start(job, seq)
-            self._publish(running)
-
-    def _reserve(self, job: Job) -> int:
-        """The positions admission promises a job: its prompt and max_tokens (else one token)."""
-        most = job.limits.max_tokens
-        return min(len(job.prompt) + (most if most > 0 else 1), self._room(job.prompt))
-
-    def _free_cells(self, running: dict, keep: int | None = None) -> int:
-        held = len(self.prefix) + sum(r.claim() for r in running.values())
-        return self.batch.n_ctx - held - self._kept.cells(keep)
-
-    def _room_for(self, cells: int, running: dict, keep: int | None = None) -> bool:
-        """Whether the pool has `cells` free, once free slots' kept cells (oldest first, all
-        but `keep`'s) are dropped as need be."""
-        short = cells - self._free_cells(running, keep)
-        if short > 0:
-            self._kept.drop(short, keep)
-        return self._free_cells(running, keep) >= cells
-
-    def _out_of_room(self, running: dict) -> int | None:
-        """The request to end before the next step because the pool has no cell for every next
-        token: of those growing past what they were promised, the most recently admitted."""
-        growing = [s for s, r in running.items() if not r.pending and r.pos >= r.reserved]
-        return None if not growing or self._room_for(len(growing), running) else growing[-1]
 
     def _end_early(self, r: _Running) -> None:
         tail = r.emit.tail()
@@ -294,15 +245,19 @@ class Scheduler:
         return max(free, key=lambda s: self._reusable(job, s))
 
     def _reusable(self, job: Job, seq: int) -> int:
-        base = _common(job.prompt, self.prefix, len(job.prompt) - 1)
-        return self._kept.reusable(seq, job.prompt, len(job.prompt), base=base,
-                                   window=self._window)
+        full = job.prompt + job.tokens
+        base = _common(job.prompt, self.prefix, len(full) - 1)
+        return self._kept.reusable(seq, full, len(job.prompt), base=base, window=self._window,
+                                   owner=job)
 
     def _start(self, job: Job, seq: int) -> _Running:
-        base = _common(job.prompt, self.prefix, len(job.prompt) - 1)
+        emit = self._paused.pop(id(job), None)          # a paused job continues where it was
+        full = job.prompt + job.tokens
+        base = _common(job.prompt, self.prefix, len(full) - 1)
         kept = self._reusable(job, seq)
-        restored = self._restore(job.prompt, seq, better_than=max(kept, base))
+        restored = 0 if emit else self._restore(job.prompt, seq, better_than=max(kept, base))
         held = self._kept.pop(seq)
+        self._kept.disown(job)
         kind = batching.tiled(len(job.prompt), base)
         exact = Exact(kind, base, base)
         if restored > 0:
@@ -310,19 +265,21 @@ class Scheduler:
         elif held and kept > base and restored == 0:
             self.batch.trim(seq, kept)
             shared, from_prefix = kept, min(kept, held.from_prefix)
-            exact = Exact(kind, base, min(held.exact.end, kept))
+            if (held.exact.tiled, held.exact.base) == (kind, base):
+                exact = Exact(kind, base, min(held.exact.end, kept))
         else:
             self.batch.forget(seq)
             if base:
                 self.batch.share(self._prefix_seq, seq, base)
             shared = from_prefix = base
-        job.stats = Stats(prompt_tokens=len(job.prompt))
-        emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt, job.limits,
-                       job.stats)
-        job.tokens = emit.tokens
-        ends = batching.prefill_ends(exact.base, shared, len(job.prompt), self.prefill_chunk,
+        if emit is None:
+            job.stats = Stats(prompt_tokens=len(job.prompt))
+            emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt,
+                           job.limits, job.stats)
+            job.tokens = emit.tokens
+        ends = batching.prefill_ends(exact.base, shared, len(full), self.prefill_chunk,
                                      self._window)
-        return _Running(job, seq, shared, job.prompt[shared:], emit, shared, self._reserve(job),
+        return _Running(job, seq, shared, full[shared:], emit, shared, self._promise(job),
                         from_prefix, exact, ends)
 
     def _restore(self, prompt: list[int], seq: int, *, better_than: int) -> int:

@@ -2,14 +2,17 @@
 
 A finished request's cells stay in its sequence until the slot is taken again, as llama-server's
 slots keep theirs: a conversation's next turn, or any prompt with the same system prompt, goes on
-from them. They are only a cache: when the pool needs room they go, oldest slot first.
+from them. They are only a cache: when the pool needs room they are dropped from their end, oldest
+slot first, so a long conversation loses its last tokens before the whole of it.
 
-A request continues them only from a point that keeps its logits a cold run's (engine/batching.py).
+A request paused to give its room back (engine/scheduler.py) leaves its cells here as well, marked
+as its own: it continues from all of them, since they are what it computed itself. Anyone else
+continues only from a point that keeps its logits a cold run's (engine/batching.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from localinfer.engine import batching
@@ -22,6 +25,7 @@ class Held:
     tokens: list[int]
     from_prefix: int                # of them, the prefix sequence's own cells (shared, not ours)
     exact: batching.Exact           # how far they are what a cold evaluation computes
+    owner: object | None = None     # the paused job they belong to
 
     @property
     def own(self) -> int:
@@ -57,24 +61,44 @@ class Kept:
         """Cells they hold, all but `keep`'s."""
         return sum(h.own for s, h in self._held.items() if s != keep)
 
+    def owned_by(self, job) -> int | None:
+        return next((s for s, h in self._held.items() if h.owner is job), None)
+
+    def disown(self, job) -> None:
+        """A paused job is over: its cells are a cache like any other's."""
+        for held in self._held.values():
+            if held.owner is job:
+                held.owner = None
+
     def drop(self, cells: int, keep: int | None = None) -> int:
-        """Free at least `cells` cells where they can be, dropping whole slots' cells, oldest
-        first (all but `keep`'s); returns how many were freed."""
+        """Free up to `cells` cells, from the end of the oldest slots' cells (all but `keep`'s);
+        returns how many were freed."""
         freed = 0
         for seq in [s for s in self._held if s != keep]:
             if freed >= cells:
                 break
-            freed += self._held[seq].own
-            self.forget(seq)
+            held = self._held[seq]
+            cut = min(cells - freed, held.own)
+            freed += cut
+            n_keep = len(held.tokens) - cut
+            if n_keep <= held.from_prefix:
+                self.forget(seq)
+                continue
+            self.batch.trim(seq, n_keep)
+            held.tokens = held.tokens[:n_keep]
+            held.exact = replace(held.exact, end=min(held.exact.end, n_keep))
         return freed
 
-    def reusable(self, seq: int, tokens: Sequence[int], n_prompt: int, *, base: int,
-                 window: int) -> int:
-        """How many of `seq`'s cells a request may continue from: up to batching.reuse_point."""
+    def reusable(self, seq: int, tokens: Sequence[int], n_prompt: int, *, base: int, window: int,
+                 owner=None) -> int:
+        """How many of `seq`'s cells a request may continue from: its own all they share (at
+        least one token left to evaluate), another's only up to batching.reuse_point."""
         held = self._held.get(seq)
         if held is None:
             return 0
         common = common_prefix(tokens, held.tokens, len(tokens) - 1)
+        if owner is not None and held.owner is owner:
+            return common
         return min(common, batching.reuse_point(n_prompt, common, held.exact, window, base=base))
 
 

@@ -159,9 +159,10 @@ CASES: dict[str, Case] = {
     # SmolLM2 echoes a diff to the end of the context (3,982 tokens) instead of summing it up.
     'git diff | localinfer run qwen2.5-1.5b "Write a one-line commit message for this change." '
     '-n 60': Case(skip=NOT_HERE),
+    'git diff | localinfer run qwen2.5-1.5b "Write a commit message." -n 60': Case(skip=NOT_HERE),
     'localinfer run smollm2 "Describe a fictional person in JSON." --temp 0 --json-schema '
     'person.json': Case(check=_valid_person, default=True),
-    'localinfer run smollm2 "Describe a fictional person in JSON." --json-schema person.json':
+    'localinfer run smollm2 "Describe a person in JSON." --json-schema person.json':
         Case(check=_valid_person),
     PYTHON: Case(check=_said),
     "localinfer --help": Case(check=_said),

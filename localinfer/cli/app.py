@@ -71,7 +71,7 @@ def _root(
 
     \b
     localinfer run smollm2 "Why is the sky blue?"
-    git diff | localinfer run qwen2.5-1.5b "Write a one-line commit message for this change." -n 60
+    git diff | localinfer run qwen2.5-1.5b "Write a commit message." -n 60
     localinfer chat smollm2
     """
 

@@ -84,8 +84,8 @@ def run(
 
     \b
     localinfer run smollm2 "Why is the sky blue?"
-    git diff | localinfer run qwen2.5-1.5b "Write a one-line commit message for this change." -n 60
-    localinfer run smollm2 "Describe a fictional person in JSON." --json-schema person.json
+    git diff | localinfer run qwen2.5-1.5b "Write a commit message." -n 60
+    localinfer run smollm2 "Describe a person in JSON." --json-schema person.json
     """
     from dataclasses import replace
 

@@ -20,12 +20,13 @@ than its share waits for its room without holding up the small ones behind it.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from localinfer.engine.slots import Held, common_prefix
 
-if TYPE_CHECKING:
-    from localinfer.engine.scheduler import Job
+# The scheduler's Job (engine/scheduler.py). Not imported, even for type checking: the scheduler
+# imports this module, and the layout test keeps the two from importing each other.
+Job = Any
 
 
 class Admission:

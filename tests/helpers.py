@@ -5,10 +5,13 @@ Fixtures live in conftest.py; this module holds plain names a test imports (`fro
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 SMOLLM = "smollm2"            # SmolLM2-135M-Instruct Q4_1, instruct with a chat template
@@ -120,3 +123,14 @@ def start_server(model: str, *args: str, env: dict | None = None,
             time.sleep(0.1)
     proc.kill()
     raise AssertionError("the server did not start")
+
+
+def post_json(url: str, body: dict, *, timeout: float = 300) -> tuple[int, dict]:
+    """POST a JSON body with the standard library; the status and the decoded reply, errors too."""
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

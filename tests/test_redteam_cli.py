@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pexpect
 import pytest
-from helpers import error_line, home_with, run_cli, start_server
+from helpers import error_line, home_with, post_json, run_cli, start_server
 
 from localinfer.engine import templates
 from localinfer.errors import ModelLoadError
@@ -63,13 +61,7 @@ def test_run_and_chat_name_the_file_of_a_template_that_is_not_utf8(bad_template:
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(url, body, timeout=120)
 
 
 def test_every_api_refuses_a_template_that_is_not_utf8_with_a_4xx(bad_template: Path):

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers import GEMMA, SMOLLM, error_line, run_cli, start_server
+from helpers import GEMMA, SMOLLM, error_line, post_json, run_cli, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +30,7 @@ def server(models_home):
 
 
 def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(url + path, body)
 
 
 def _get(url: str, path: str) -> dict:

@@ -70,12 +70,13 @@ def worker(
     chosen = rpc_worker.pick_device(device, devices.read_registry())
     offered = rpc_worker.offer(chosen, cap)
     _quiet_engine_stdout(verbose > 0)
+    stop = _stop_on_signals()       # before the ready line: a Ctrl-C right after it is a normal end
     server = rpc_worker.start(address, port, threads=threads or default_threads(), device=chosen)
     now = offered()
     console.note(f"worker ready on {address}:{port}: {now.name} ({now.description}), offering "
                  f"{human_size(now.free)}; RPC protocol {rpc.PROTOCOL_MAJOR}."
                  f"{rpc.PROTOCOL_MINOR}, no authentication; Ctrl-C stops it")
-    _wait(server)
+    _wait(server, stop)
 
 
 def _ipv4(host: str) -> str:
@@ -100,17 +101,23 @@ def _quiet_engine_stdout(verbose: bool) -> None:
     os.dup2(target, 1)
 
 
-def _wait(server: threading.Thread) -> None:
-    """Until Ctrl-C or SIGTERM (a normal end: exit 0) or the server's thread ends (exit 1). The
-    server thread sits in accept() inside ggml and cannot be joined, hence os._exit."""
-    import sys
+def _stop_on_signals() -> threading.Event:
+    """An event Ctrl-C or SIGTERM sets (a normal end), in place of a KeyboardInterrupt that could
+    land anywhere, even before the wait begins. A SIGINT ignored from the start (a shell's
+    background job) stays ignored."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while server.is_alive() and not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        stop.set()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def _wait(server: threading.Thread, stop: threading.Event) -> None:
+    """Until `stop` (exit 0) or the server's thread ends (exit 1). The server thread sits in
+    accept() inside ggml and cannot be joined, hence os._exit."""
+    import sys
+    while server.is_alive() and not stop.wait(0.5):
+        pass
     if not stop.is_set():
         console.error("the worker's server stopped")
     sys.stderr.flush()

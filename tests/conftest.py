@@ -49,7 +49,7 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
-OPT_IN_MARKERS = ("fuzz", "exhaustive", "scripts")
+OPT_IN_MARKERS = ("fuzz", "exhaustive", "scripts", "agents")
 
 # A test that needs one of these fixtures (directly or through another fixture) loads a real model.
 REAL_MODEL_FIXTURES = frozenset({"models_home", "smollm_path", "gemma_path"})

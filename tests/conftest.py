@@ -8,15 +8,41 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import GEMMA, MODELS_HOME, SMOLLM, run_cli
+from helpers import GEMMA, MODELS_HOME, SHARED_HOME, SMOLLM, WORKER, run_cli
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker gets one CPU of its own and a home of its own over the shared store: two
+    workers on 2 cores then never spin each other's ggml threads (llama.cpp and the product size
+    their threads by the CPUs a process may use), and their caches stay apart."""
+    if not WORKER or not hasattr(os, "sched_setaffinity"):
+        return
+    allowed = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {allowed[int(WORKER.removeprefix("gw")) % len(allowed)]})
+    (SHARED_HOME / "data").mkdir(parents=True, exist_ok=True)
+    MODELS_HOME.mkdir(parents=True, exist_ok=True)
+    if not (MODELS_HOME / "data").is_symlink():
+        (MODELS_HOME / "data").symlink_to(SHARED_HOME / "data", target_is_directory=True)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: the CPUs this process may use (psutil's count of the machine's cores would
+    ignore a container's or taskset's limit), at most 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session")
 def models_home() -> Path:
-    """A LOCALINFER_HOME holding both real models, pulled with `localinfer pull` if missing."""
-    for model in (SMOLLM, GEMMA):
-        result = run_cli("pull", model, timeout=1800)
-        assert result.returncode == 0, result.stderr
+    """A LOCALINFER_HOME holding both real models, pulled with `localinfer pull` if missing (one
+    worker at a time: the others find them pulled)."""
+    import fcntl
+    SHARED_HOME.parent.mkdir(parents=True, exist_ok=True)
+    with open(SHARED_HOME.parent / "pull.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for model in (SMOLLM, GEMMA):
+            result = run_cli("pull", model, timeout=1800)
+            assert result.returncode == 0, result.stderr
     return MODELS_HOME
 
 

@@ -18,16 +18,27 @@ SMOLLM = "smollm2"            # SmolLM2-135M-Instruct Q4_1, instruct with a chat
 GEMMA = "gemma-3-270m"        # Gemma 3 270M Q4_K_M, base model, 262k vocabulary
 
 # Survives between runs so the models are fetched once per machine; CI may point it elsewhere.
-MODELS_HOME = Path(os.environ.get("LOCALINFER_TEST_HOME",
+SHARED_HOME = Path(os.environ.get("LOCALINFER_TEST_HOME",
                                   Path.home() / ".cache" / "localinfer-tests" / "home"))
+# Under pytest-xdist each worker has a home of its own (its caches, config, prompt cache) whose
+# `data` is the shared store, so one worker's cache tests never see another's entries.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+MODELS_HOME = SHARED_HOME.with_name(f"{SHARED_HOME.name}-{WORKER}") if WORKER else SHARED_HOME
 
 ERROR = "localinfer: error: "
 
 
 def run_cli(*args: str, home: Path = MODELS_HOME, input: str | None = None,
             env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `python -m localinfer ARGS` as a user would, stdin piped (or closed when input is None)."""
+    """Run `python -m localinfer ARGS` as a user would, stdin piped (or closed when input is None).
+    The process is forked from a zygote that has the CLI imported (cli_zygote.py) where the
+    environment allows; LOCALINFER_TEST_SPAWN=1 starts every command afresh instead."""
     full_env = {**os.environ, "LOCALINFER_HOME": str(home), "NO_COLOR": "1", **(env or {})}
+    if not os.environ.get("LOCALINFER_TEST_SPAWN"):
+        from cli_zygote import zygote_for
+        zygote = zygote_for(full_env)
+        if zygote is not None:
+            return zygote.run(list(args), full_env, input, timeout)
     return subprocess.run([sys.executable, "-m", "localinfer", *args], input=input,
                           stdin=None if input is not None else subprocess.DEVNULL,
                           capture_output=True, text=True, env=full_env, timeout=timeout)

@@ -136,8 +136,8 @@ def test_bad_options_of_a_call(smollm):
         smollm.generate("hi", max_tokens=0)
     with pytest.raises(UsageError, match="json_schema and grammar"):
         smollm.generate("hi", json_schema=SCHEMA, grammar='root ::= "a"')
-    with pytest.raises(UsageError, match="minimum"):
-        smollm.generate("hi", json_schema={"type": "integer", "minimum": 3})
+    with pytest.raises(UsageError, match="multipleOf"):
+        smollm.generate("hi", json_schema={"type": "integer", "multipleOf": 3})
     # A schema's answer cut short is an error, as run's exit 1 is.
     with pytest.raises(LocalinferError, match="-n"):
         smollm.generate("Describe a person.", temperature=0, max_tokens=3, json_schema=SCHEMA)

@@ -123,8 +123,8 @@ def test_an_unknown_model_is_a_404(client):
      "a request here may use"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                  "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
-                     "type": "integer", "minimum": 3}}}}).encode(),
-     "response_format: the keyword 'minimum' at /minimum is not supported"),
+                     "type": "integer", "multipleOf": 3}}}}).encode(),
+     "response_format: the keyword 'multipleOf' at /multipleOf is not supported"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                  "response_format": {"type": "yaml"}}).encode(), "response_format.type"),
 ])

@@ -126,7 +126,7 @@ def test_the_key_as_x_api_key_or_bearer_and_a_wrong_key_is_a_401(server):
 
 @pytest.mark.parametrize("change, words", [
     ({"max_tokens": None}, "max_tokens"),
-    ({"messages": [{"role": "system", "content": "hi"}]}, "role"),
+    ({"messages": [{"role": "tool", "content": "hi"}]}, "role"),
     ({"messages": []}, "messages"),
     ({"stop_sequences": "x"}, "stop_sequences"),
     ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "text blocks"),

@@ -360,7 +360,8 @@ BAD = [
     (["--json-schema", '{"type": "object",'], "--json-schema: not JSON: "
      "Expecting property name enclosed in double quotes at line 1, column 19"),
     (["--json-schema", '{"type": "object", "properties": {"age": {"type": "integer", '
-      '"minimum": 0}}}'], "the keyword 'minimum' at /properties/age/minimum is not supported"),
+      '"multipleOf": 2}}}'], "the keyword 'multipleOf' at /properties/age/multipleOf is not "
+     "supported"),
     (["--json-schema", '{"type": "array", "items": {"type": "string"}, "maxItems": 1000000000}'],
      "/maxItems must be a whole number from 0 to 1000"),
     (["--json-schema", '{"$ref": "https://example.org/schema.json"}'],

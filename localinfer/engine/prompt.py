@@ -37,6 +37,7 @@ def chat_tokens(session: Session, messages: list[dict[str, str]],
         raise ModelLoadError("this model has no chat template; use --raw")
     marks = {"bos_token": _text(session, session.bos_token),
              "eos_token": _text(session, session.eos_token), "extra": extra}
+    messages = placed_systems(session.chat_template, messages, marks)
     text = templates.render(session.chat_template, messages, **marks)
     tokens = session.tokenize(text, special=True)
     # A request's other strings (a template variable, a tool, a name, an id) are text as well.
@@ -55,6 +56,48 @@ def chat_tokens(session: Session, messages: list[dict[str, str]],
     return with_bos(session, [t for k, (piece, _) in enumerate(parts)
                               for t in (markup[k] if k in markup
                                         else session.tokenize(piece, special=False))])
+
+
+def placed_systems(template: str, messages: list[dict], marks: dict) -> list[dict]:
+    """The conversation with each system message after the first turn where the template
+    renders it, else folded into the next user turn (the last one when none follows): agents
+    send system turns mid-conversation (Claude Code's reminders), which many templates refuse
+    (Gemma's raises on any role but user and assistant there) or silently drop."""
+    from localinfer.engine import templates
+    later = [k for k, m in enumerate(messages) if m["role"] == "system" and k > 0]
+    if not later:
+        return messages
+    nonce = templates.marker_nonce(messages)
+    marked = [{**m, "content": templates.marker(nonce, k)} if k in later else m
+              for k, m in enumerate(messages)]
+    try:
+        shown = templates.render(template, marked, **marks)
+        if all(templates.marker(nonce, k) in shown for k in later):
+            return messages
+    except ModelLoadError:
+        pass
+    return _folded(messages, set(later))
+
+
+def _folded(messages: list[dict], later: set[int]) -> list[dict]:
+    out: list[dict] = []
+    waiting: list[str] = []         # system text for the next user turn
+    for k, m in enumerate(messages):
+        if k in later:
+            waiting.append(m["content"])
+            continue
+        if m["role"] == "user" and waiting:
+            m = {**m, "content": "\n\n".join([*waiting, m["content"]])}
+            waiting = []
+        out.append(m)
+    if waiting:
+        users = [k for k, m in enumerate(out) if m["role"] == "user"]
+        if users:
+            last = out[users[-1]]
+            out[users[-1]] = {**last, "content": "\n\n".join([last["content"], *waiting])}
+        else:
+            out.append({"role": "user", "content": "\n\n".join(waiting)})
+    return out
 
 
 def _controls(session: Session, tokens: list[int]) -> list[int]:

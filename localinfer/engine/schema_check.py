@@ -10,9 +10,11 @@ schema's values: a file given as a schema may be anything (/proc/self/environ wa
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from localinfer.engine.schema_pattern import MAX_REPEAT, PatternError, json_safe_pattern
+from localinfer.engine.schema_range import BOUNDS, RangeError, expression
 from localinfer.errors import UsageError
 
 MAX_DEPTH = 64                      # nesting of subschemas
@@ -29,7 +31,8 @@ _COUNTS = {"minItems", "maxItems", "minLength", "maxLength"}
 _SCHEMA_TABLES = {"properties", "$defs", "definitions"}
 _SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
 KEYWORDS = ({"type", "required", "additionalProperties", "items", "enum", "const", "$ref",
-             "pattern", "format"} | _COUNTS | _SCHEMA_TABLES | _SCHEMA_LISTS)
+             "pattern", "format", "propertyNames"} | _COUNTS | _SCHEMA_TABLES | _SCHEMA_LISTS
+            | set(BOUNDS))
 _ALL_OF_MEMBER = {"type", "properties", "required", "$ref", "anyOf"} | ANNOTATIONS
 
 
@@ -102,7 +105,41 @@ def _check_node(node: dict, at: str, where: str, root: dict) -> int:
             node.get("type") != "string" or "pattern" in node or "format" in node):
         raise _unsupported(where, at, "minLength/maxLength other than on a plain "
                                       '"type": "string"')
+    cost += _check_bounds(node, at, where) + _check_names(node, at, where)
     return cost + _check_constants(node, at, where) + _check_pattern(node, at, where)
+
+
+def _check_bounds(node: dict, at: str, where: str) -> int:
+    """minimum, maximum and their exclusive forms: numbers, on an integer or number alone
+    (schema_range spells them); returns their expression's size."""
+    keys = [k for k in BOUNDS if k in node]
+    if not keys:
+        return 0
+    for key in keys:
+        value = node[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (isinstance(value, float) and not math.isfinite(value)):
+            raise UsageError(f"{where}: {at}/{key} must be a number")
+    if node.get("type") not in ("integer", "number") or "enum" in node or "const" in node:
+        raise _unsupported(where, f"{at}/{keys[0]}", f"the keyword {shown(keys[0])} other than "
+                                                     'on a "type" "integer" or "number"')
+    try:
+        return len(expression(node)) // 4
+    except RangeError as e:
+        raise UsageError(f"{where}: {at or '/'}: {e}") from None
+
+
+def is_plain_names(names) -> bool:
+    """Whether `propertyNames` says no more than every JSON object does: names are strings."""
+    return isinstance(names, dict) and names.get("type", "string") == "string" \
+        and not set(names) - {"type"} - ANNOTATIONS
+
+
+def _check_names(node: dict, at: str, where: str) -> int:
+    if "propertyNames" in node and not is_plain_names(node["propertyNames"]):
+        raise _unsupported(where, f"{at}/propertyNames",
+                           'propertyNames other than {"type": "string"}')
+    return 0
 
 
 def _check_types(node: dict, at: str, where: str) -> None:

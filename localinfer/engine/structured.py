@@ -18,8 +18,10 @@ from typing import Any
 from localinfer.engine.gbnf_check import check_gbnf
 from localinfer.engine.prompt import REPLY_TOKENS
 from localinfer.engine.schema_bound import longest_answer
-from localinfer.engine.schema_check import check_schema
+from localinfer.engine.schema_check import ANNOTATIONS, check_schema
+from localinfer.engine.schema_loose import loosened
 from localinfer.engine.schema_pattern import json_safe_pattern
+from localinfer.engine.schema_range import Ranges
 from localinfer.errors import UsageError
 
 MAX_SOURCE_BYTES = 1 << 20          # a schema file; real ones are a few KiB
@@ -79,21 +81,40 @@ def from_grammar(gbnf: str, where: str) -> OutputFormat:
     return OutputFormat(gbnf, False)
 
 
-def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputFormat:
+def from_schema(schema: Any, where: str, *, check_parse: bool = True,
+                loose: bool = False) -> OutputFormat:
     """A parsed JSON schema (from a file, or an API request's response_format), checked;
-    `check_parse=False` leaves llama.cpp's parse of the converted grammar to the caller."""
+    `check_parse=False` leaves llama.cpp's parse of the converted grammar to the caller.
+    `loose` (a tool's parameters): what the grammar cannot enforce is left out rather than
+    refused (engine/schema_loose.py); a --json-schema stays strict."""
+    return from_checked(checked(schema, where, loose=loose), where, check_parse=check_parse)
+
+
+def checked(schema: Any, where: str, *, loose: bool = False) -> dict:
+    """The schema, a copy, checked as from_schema checks it (loose: loosened first), for a
+    caller that puts several together (a tool call's, server/tools.py) before from_checked."""
     if not isinstance(schema, dict):
         raise UsageError(f"{where}: the schema must be a JSON object")
     try:
-        schema = copy.deepcopy(schema)          # its patterns are rewritten below
+        schema = loosened(schema) if loose else copy.deepcopy(schema)
     except RecursionError:
         raise UsageError(f"{where}: nested too deeply") from None
+    check_schema(schema, where)
+    return schema
+
+
+def from_checked(schema: dict, where: str, *, check_parse: bool = True) -> OutputFormat:
+    """A schema `checked` already (alone or as a part of it), as grammar."""
+    schema = copy.deepcopy(schema)              # its patterns and ranges are rewritten below
+    ranges = Ranges()
     for node in check_schema(schema, where):
         if isinstance(node.get("pattern"), str):
             node["pattern"] = json_safe_pattern(node["pattern"])[0]
+        ranges.take(node)
+        _any_value(node, root=node is schema)
     from localinfer.backends.llama.grammar import schema_to_gbnf
     try:
-        gbnf = schema_to_gbnf(schema)
+        gbnf = ranges.fill(schema_to_gbnf(schema))
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError,
             RecursionError) as e:
         # The converter's messages quote the schema; the check above names the place.
@@ -101,6 +122,19 @@ def from_schema(schema: Any, where: str, *, check_parse: bool = True) -> OutputF
                          f"({type(e).__name__})") from e
     _check_grammar(gbnf, where, parse=check_parse)
     return OutputFormat(gbnf, True)
+
+
+_ANY = ["object", "array", "string", "number", "boolean", "null"]
+
+
+def _any_value(node: dict, *, root: bool) -> None:
+    """A subschema of annotations alone (`{"description": ...}`, Claude Code's Workflow `args`)
+    or none (`{}`) allows any value: the converter failed on the first (an assertion) and took
+    the second for an object. The root's `{}` stays an object, as before."""
+    for key in ANNOTATIONS & node.keys():
+        del node[key]
+    if not node and not root:
+        node["type"] = list(_ANY)
 
 
 def incomplete(fmt: OutputFormat, text: str, finish_reason: str, *,

@@ -36,7 +36,8 @@ from localinfer.server.requests import Prepared
 from localinfer.thinking.style import EFFORTS
 
 MAX_STOPS = 16                # stop_sequences in one request
-_ROLES = ("user", "assistant")
+_ROLES = ("user", "assistant", "system", "developer")
+_EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 _STOP_REASON = {"length": "max_tokens", "context": "max_tokens"}
 
 
@@ -118,8 +119,14 @@ def _count(body: dict, served) -> int:
 def _translate(body: dict, defaults, *, counting: bool):
     """Anthropic's body as the chat body requests.prepare takes, the Defaults with its system
     prompt, and its stop sequences."""
-    chat = {"model": body["model"], "messages": _history(body.get("messages")),
-            **anthropic_tools.request_fields(body)}
+    system = _system(body.get("system"))
+    # The top-level system prompt leads the conversation (a system turn inside `messages`, as
+    # Claude Code sends, must not take its place); the server's --system is for a request
+    # with none at all.
+    chat = {"model": body["model"], "messages": ([{"role": "system", "content": system}]
+                                                 if system is not None else [])
+            + _history(body.get("messages")), **anthropic_tools.request_fields(body),
+            **_output_config(body.get("output_config"))}
     if not counting:
         most = body.get("max_tokens")
         if most is None:
@@ -131,9 +138,6 @@ def _translate(body: dict, defaults, *, counting: bool):
         if body.get("stream") is not None:
             chat["stream"] = body["stream"]
     defaults = _thinking(body.get("thinking"), chat, defaults)
-    system = _system(body.get("system"))
-    if system is not None:
-        defaults = dataclasses.replace(defaults, system=system)
     return chat, defaults, () if counting else _stops(body.get("stop_sequences"))
 
 
@@ -154,6 +158,30 @@ def _thinking(thinking, chat: dict, defaults):
     said = defaults.think.think
     think = "off" if kind == "disabled" else said if said in EFFORTS else "on"
     return dataclasses.replace(defaults, think=dataclasses.replace(defaults.think, think=think))
+
+
+def _output_config(config) -> dict:
+    """`output_config`: `format` json_schema is the chat body's response_format (with tools:
+    a call, or the answer in the schema); `effort` its reasoning_effort (xhigh and max are
+    high there)."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise BadRequest("'output_config' must be an object")
+    out: dict = {}
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
+                or not isinstance(fmt.get("schema"), dict):
+            raise BadRequest("output_config.format must be {\"type\": \"json_schema\", "
+                             "\"schema\": {...}}")
+        out["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in _EFFORT:
+            raise BadRequest(f"output_config.effort must be one of {', '.join(_EFFORT)}")
+        out["reasoning_effort"] = _EFFORT[effort]
+    return out
 
 
 def _system(system) -> str | None:
@@ -196,10 +224,15 @@ def _history(messages) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise BadRequest(f"messages[{i}].role must be user or assistant (the system prompt "
-                             f"is the top-level 'system')")
+            raise BadRequest(f"messages[{i}].role must be user, assistant or system")
         content, trace, calls, results = m.get("content"), [], [], []
         assistant = m["role"] == "assistant"
+        if m["role"] in ("system", "developer"):       # a system turn inside the conversation
+            content = _system(content)
+            if content is None:
+                raise BadRequest(f"messages[{i}].content must be a string or text blocks")
+            out.append({"role": "system", "content": content})
+            continue
         if isinstance(content, list):
             content = _text_blocks(content, f"messages[{i}].content",
                                    trace if assistant else None, calls if assistant else None,
@@ -230,6 +263,8 @@ def _stops(stops) -> tuple[str, ...]:
 # -- the reply ---------------------------------------------------------------------------------
 class _Reply:
     """The Anthropic shapes of one answer: the whole message, or its events while it streams."""
+
+    keep_alive = 'event: ping\ndata: {"type": "ping"}\n\n'    # server/jobs.py sends it
 
     def __init__(self, model: str, prepared: Prepared, log: Callable[[str], None]) -> None:
         self.model, self.job, self.style, self.log = model, prepared.job, prepared.style, log

@@ -159,6 +159,8 @@ async def _framed(stream):
 class _Reply:
     """The OpenAI shapes of one answer: chunks while it streams, or the whole object."""
 
+    keep_alive = ": keep-alive\n\n"     # an SSE comment, which clients skip (server/jobs.py)
+
     def __init__(self, model: str, chat: bool, prepared: Prepared,
                  log: Callable[[str], None]) -> None:
         self.model, self.chat, self.job, self.log = model, chat, prepared.job, log

@@ -25,6 +25,9 @@ CLOSING = object()          # in a request's events: the server is stopping
 SHUTTING_DOWN = "the server is shutting down; the answer was cut short"
 # Server-sent events straight to the client: no proxy buffering, no cached copy.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# A stream with nothing to send for this long (a long prompt read, text held back while it may
+# be a call) sends the API's keep-alive: agents cancel a stream that falls silent.
+KEEP_ALIVE_SECONDS = 5.0
 
 
 def closed_early(job: Job) -> dict:
@@ -78,7 +81,7 @@ class _EventStream(StreamingResponse):
 
     def __init__(self, reply, events: asyncio.Queue, under_way: set, release) -> None:
         # server-sent events, or the reply's own framing (Ollama's NDJSON)
-        super().__init__(reply.frames(events),
+        super().__init__(kept_alive(reply.frames(events), getattr(reply, "keep_alive", None)),
                          media_type=getattr(reply, "media_type", "text/event-stream"),
                          headers=SSE_HEADERS)
         self.job, self.events, self.under_way = reply.job, events, under_way
@@ -91,6 +94,36 @@ class _EventStream(StreamingResponse):
             self.under_way.discard(self.events)
             self.job.cancelled = True       # done already, or nobody is left to read it
             self.release()
+
+
+async def kept_alive(frames, beat: str | None, seconds: float | None = None):
+    """`frames`, with `beat` (the reply's `keep_alive` frame: Anthropic's ping, an SSE comment)
+    whenever none came for `seconds`; a framing with none (NDJSON) goes as it is."""
+    if beat is None:
+        async for frame in frames:
+            yield frame
+        return
+    pending = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(frames))
+            done, _ = await asyncio.wait({pending}, timeout=seconds or KEEP_ALIVE_SECONDS)
+            if not done:
+                yield beat
+                continue
+            try:
+                frame = pending.result()
+            except StopAsyncIteration:
+                pending = None
+                return
+            pending = None
+            yield frame
+    finally:
+        if pending is not None:         # the client left: the frames' task goes with it
+            pending.cancel()
+        else:
+            await frames.aclose()
 
 
 async def _answered(request: Request, events: asyncio.Queue, job: Job) -> bool:

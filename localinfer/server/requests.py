@@ -38,7 +38,7 @@ MAX_BODY = 4 << 20            # bytes of one request body
 BODY_SECONDS = 30.0           # to send the whole body once the headers are in
 MAX_DEPTH = 64                # arrays and objects inside one another (a schema's nesting too)
 MAX_MESSAGES = 4096           # in one chat request: far past any conversation a context holds
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TEMPLATE_ADVICE = "; use --raw to skip it"    # the CLI's way out; /v1/completions is the API's
 
@@ -175,9 +175,7 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
     stops = _stops(body.get("stop"))
     schema = _response_schema(body.get("response_format"))
     plan = tools.plan(body, session.chat_template or "") if chat else None
-    if plan is not None and plan.active and schema is not None:
-        raise BadRequest("'response_format' and tool calls cannot be combined; send "
-                         "tool_choice none, or no response_format", "response_format")
+    plan = tools.with_answer(plan, schema, "response_format")   # a call, or the typed answer
     tokens = _tokens(body, session, chat=chat, defaults=defaults, plan=plan)
     if len(tokens) >= request_ctx:
         raise BadRequest(f"the prompt is {len(tokens):,} tokens; a request here may use "
@@ -185,7 +183,9 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
                          code="context_length_exceeded")
     # A chat with a thinking model: its trace told apart, a budget or a schema gating the answer
     style = setup.style_of(session, tokens, raw=False) if chat else None
-    grammar = tools.grammar(plan, session) if schema is None else _grammar(schema, session)
+    grammar = tools.grammar(plan, session)      # None: no tools, or tool_choice none
+    if grammar is None and schema is not None:
+        grammar = _grammar(schema, session)
     budget = _number(body, "thinking_budget", int, defaults.think.budget, 0, 10**7) \
         if chat else None
     if not tools.covers_trace(plan):     # harmony's tools grammar spans the trace itself
@@ -310,7 +310,9 @@ def _messages(messages, template: str = "") -> list[dict[str, str]]:
             content = ""            # a turn of calls alone
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", "messages")
-        out.append({"role": m["role"], "content": content,
+        # OpenAI's `developer` is the system's role under another name, for every template
+        out.append({"role": "system" if m["role"] == "developer" else m["role"],
+                    "content": content,
                     **reasoning.earlier_trace(m, i, template), **tools.history(m, i)})
     return out
 

@@ -1,7 +1,9 @@
 """Tool calls behind the chat API (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`).
 
-Request: each tool a function with a name and a JSON schema for its arguments, checked as
---json-schema is (an unsupported keyword is a 400 naming it); `tool_choice` "auto" (the default
+Request: each tool a function with a name and a JSON schema for its arguments, checked alone
+under the loose rule for tools (engine/schema_loose.py: what the grammar cannot enforce is left to
+the tool, a malformed schema is a 400 naming the tool and its own path); a typed answer beside
+the calls (`with_answer`: one grammar, a call or the answer); `tool_choice` "auto" (the default
 with tools), "none", "required" or {"type": "function", "function": {"name": ...}}. History: an
 assistant turn's `tool_calls` (content may be null) and `tool` messages. Tools and history reach
 the model through its own template where it speaks a known format (engine/toolcalls.py), else
@@ -29,7 +31,8 @@ import uuid
 from dataclasses import dataclass
 
 from localinfer.engine import toolcalls
-from localinfer.engine.structured import from_schema
+from localinfer.engine.structured import checked, from_checked
+from localinfer.engine.toolcalls.common import renamed
 from localinfer.errors import LocalinferError
 from localinfer.server.errors import BadRequest
 
@@ -46,6 +49,7 @@ class Plan:
     choice: str                     # "auto", "none", "required" or a tool's name
     parallel: bool
     format: toolcalls.ToolFormat    # the template's (toolcalls.format_of)
+    answer: dict | None = None      # a typed answer's schema (checked), beside the calls
 
     @property
     def active(self) -> bool:
@@ -82,7 +86,7 @@ def plan(body: dict, template: str) -> Plan | None:
         if not isinstance(schema, dict):
             raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema (an "
                              f"object)", "tools")
-        params[name] = schema
+        params[name] = _parameters(schema, f"tools[{i}] '{name}'")
     if choice is None or choice in ("auto", "none", "required"):
         choice = choice or "auto"
     elif isinstance(choice, dict) and choice.get("type") == "function" \
@@ -94,6 +98,34 @@ def plan(body: dict, template: str) -> Plan | None:
     else:
         raise BadRequest(_CHOICES, "tool_choice")
     return Plan(tools, params, choice, parallel, toolcalls.format_of(template))
+
+
+def with_answer(plan_: Plan | None, schema: dict | None, where: str) -> Plan | None:
+    """The plan with a typed answer beside its calls (response_format, Anthropic's
+    output_config.format, the Responses API's text.format): one grammar then allows a call of
+    a tool or an answer in `schema`. The schema keeps --json-schema's strict rule."""
+    if plan_ is None or not plan_.active or schema is None:
+        return plan_
+    if plan_.format.covers_trace:
+        raise BadRequest(f"'{where}' together with tools is not supported for this model's "
+                         f"tool format ({plan_.format.name}); send one or the other", where)
+    try:
+        plan_.answer = checked(schema, where)
+    except (LocalinferError, RecursionError) as e:
+        reason = str(e) if isinstance(e, LocalinferError) else f"{where}: nested too deeply"
+        raise BadRequest(reason, where) from None
+    return plan_
+
+
+def _parameters(schema: dict, where: str) -> dict:
+    """A tool's parameters as the grammar takes them: checked alone, so an error names the
+    tool and its own path, under the loose rule for tools (engine/schema_loose.py)."""
+    try:
+        return checked(schema, f"{where}: parameters", loose=True)
+    except (LocalinferError, RecursionError) as e:
+        reason = str(e) if isinstance(e, LocalinferError) else \
+            f"{where}: parameters nest too deeply"
+        raise BadRequest(reason, "tools") from None
 
 
 def history(message: dict, index: int) -> dict:
@@ -149,22 +181,40 @@ def for_template(plan_: Plan | None, messages: list[dict], template: str) -> lis
         return out
     described = ("You can call these tools:\n" + "\n".join(
         json.dumps(t, ensure_ascii=False) for t in plan_.tools) + "\n\n"
-        + toolcalls.GENERIC_INSTRUCTION)
+        + (toolcalls.GENERIC_INSTRUCTION if plan_.answer is None else _TYPED_INSTRUCTION
+           + json.dumps(plan_.answer, ensure_ascii=False)))
     if out and out[0]["role"] == "system":
         return [{**out[0], "content": out[0]["content"] + "\n\n" + described}, *out[1:]]
     return [{"role": "system", "content": described}, *out]
 
 
+_TYPED_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call "
+                      "tools) or with a JSON document that matches this schema: ")
+
+
 def _ids_for(fmt: toolcalls.ToolFormat, messages: list[dict]) -> list[dict]:
-    """The history's call ids as the template takes them (Mistral's insists on 9 letters and
-    digits): each mapped the same way in a call and in its result, so they still pair."""
+    """The history's call ids, unique across the conversation, as the template takes them
+    (Mistral's insists on 9 letters and digits): an id met again (a client that kept a model's
+    `call_1`, or sent none) becomes another, and each result pairs with the latest call of its
+    id, mapped the same way, so they still pair."""
+    seen: set[str] = set()
+    latest: dict[str, str] = {}
     out = []
     for m in messages:
         if m.get("tool_calls"):
-            m = {**m, "tool_calls": [{**c, "id": fmt.template_id(c["id"])}
-                                     for c in m["tool_calls"]]}
+            calls = []
+            for c in m["tool_calls"]:
+                unique, k = c["id"] or "call", 1
+                while unique in seen:
+                    k += 1
+                    unique = f"{c['id'] or 'call'}_{k}"
+                seen.add(unique)
+                latest[c["id"]] = unique
+                calls.append({**c, "id": fmt.template_id(unique)})
+            m = {**m, "tool_calls": calls}
         if "tool_call_id" in m:
-            m = {**m, "tool_call_id": fmt.template_id(m["tool_call_id"])}
+            ident = m["tool_call_id"]
+            m = {**m, "tool_call_id": fmt.template_id(latest.get(ident, ident))}
         out.append(m)
     return out
 
@@ -185,10 +235,10 @@ def grammar(plan_: Plan | None, session):
     fmt = plan_.format
     chosen = plan_.params if plan_.choice in ("auto", "required") else \
         {plan_.choice: plan_.params[plan_.choice]}
-    lazy = plan_.choice == "auto" and bool(fmt.trigger)
-    gbnf = fmt.grammar(chosen, _gbnf, parallel=plan_.parallel and fmt.parallel,
-                       auto=plan_.choice == "auto")
-    g = session.grammar(gbnf)
+    typed = plan_.answer is not None and plan_.choice == "auto"
+    lazy = plan_.choice == "auto" and bool(fmt.trigger) and not typed
+    g = session.grammar(call_or_answer(plan_) if typed else fmt.grammar(
+        chosen, _gbnf, parallel=plan_.parallel and fmt.parallel, auto=plan_.choice == "auto"))
     return toolcalls.trigger_gate(session, fmt.trigger, g, anchored=fmt.anchored) if lazy else g
 
 
@@ -198,12 +248,26 @@ def covers_trace(plan_: Plan | None) -> bool:
     return plan_ is not None and plan_.active and plan_.format.covers_trace
 
 
-def _gbnf(schema: dict) -> str:
+def call_or_answer(plan_: Plan) -> str:
+    """GBNF of a reply that is a call in the format's syntax (from its start) or a typed answer:
+    a JSON document in `plan_.answer`."""
+    calls = plan_.format.grammar(plan_.params, _gbnf, auto=False,
+                                 parallel=plan_.parallel and plan_.format.parallel)
+    answer = _gbnf(plan_.answer, "response_format")
+    return f"root ::= c-root | a-root\n{renamed(calls, 'c-')}\n{renamed(answer, 'a-')}"
+
+
+def _gbnf(schema: dict, where: str = "tools") -> str:
+    """The grammar of a schema made of checked parts (each tool's parameters): what can still
+    fail here is the size of them all together."""
     try:
-        return from_schema(schema, "tools", check_parse=False).gbnf
+        return from_checked(schema, where, check_parse=False).gbnf
     except (LocalinferError, RecursionError) as e:
-        reason = str(e) if isinstance(e, LocalinferError) else "a tool's schema nests too deeply"
-        raise BadRequest(reason, "tools") from None
+        reason = str(e) if isinstance(e, LocalinferError) else f"{where}: nested too deeply"
+        if where == "tools":
+            reason = "tools: the tools' schemas together are too large for one grammar " \
+                     "(send fewer tools, or lower their counts)"
+        raise BadRequest(reason, where) from None
 
 
 # -- the reply ---------------------------------------------------------------------------------
@@ -215,12 +279,23 @@ def split(plan_: Plan | None, content: str,
     if plan_ is None or not plan_.active:       # tool_choice none: never read for calls
         return content, []
     fmt = plan_.format
+    if plan_.answer is not None and fmt.wraps_text and not _is_call(content):
+        return content, []              # a typed answer: the document itself, never unwrapped
     text, calls = fmt.parse(raw if fmt.covers_trace and raw is not None else content)
     calls = [c for c in calls if c.name in plan_.params]
     if not calls:
         return (content if fmt.covers_trace else text), []
     return (text or None), [{"id": new_id(), "type": "function", "function": {
         "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+
+
+_CALL_KEYS = ('{"tool_call"', '{"tool_calls"')
+
+
+def _is_call(text: str) -> bool:
+    """Whether a generic reply is (or, cut short, may still be) a call: its first key."""
+    compact = "".join(text.split())
+    return any(compact.startswith(k) or k.startswith(compact) for k in _CALL_KEYS)
 
 
 def new_id() -> str:
@@ -252,7 +327,7 @@ class Stream:
         self.text += content
         fmt = self.plan.format
         if fmt.wraps_text and self.plan.choice == "auto":
-            return self._unwrapped()
+            return self._typed() if self.plan.answer is not None else self._unwrapped()
         if not fmt.trigger or self.plan.choice != "auto":
             return ""
         if fmt.covers_trace:
@@ -265,6 +340,14 @@ class Stream:
             at = self.text.find(fmt.trigger, self.sent)
             safe = at if at >= 0 else _safe_end(self.text, self.sent, fmt.trigger)
         out, self.sent = self.text[self.sent:safe], max(self.sent, safe)
+        return out
+
+    def _typed(self) -> str:
+        """A typed answer (generic format): the document as it is written, once its first key
+        shows it is no call."""
+        if _is_call(self.text):
+            return ""
+        out, self.sent = self.text[self.sent:], len(self.text)
         return out
 
     def _unwrapped(self) -> str:

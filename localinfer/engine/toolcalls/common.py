@@ -125,6 +125,39 @@ def hoisted(schema: dict, parameters: Sequence[dict]) -> dict:
     return schema
 
 
+_TABLES = ("#/$defs/", "#/definitions/")
+
+
+def namespaced(tools: dict[str, dict]) -> dict[str, dict]:
+    """Each tool's parameters with its top-level `$defs`/`definitions` renamed `t<k>-NAME`, and
+    the references to them, so that hoisting them side by side (`hoisted`) cannot give one
+    tool another's definition of the same name (two MCP tools' `#/$defs/Item`)."""
+    out = {}
+    for k, (name, params) in enumerate(tools.items()):
+        prefix = f"t{k}-"
+        params = _refs_renamed(params, prefix)
+        for key in ("$defs", "definitions"):
+            if isinstance(params.get(key), dict):
+                params = {**params, key: {prefix + n: v for n, v in params[key].items()}}
+        out[name] = params
+    return out
+
+
+def _refs_renamed(node, prefix: str):
+    if isinstance(node, list):
+        return [_refs_renamed(v, prefix) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str):
+            table = next((t for t in _TABLES if value.startswith(t)), None)
+            out[key] = value if table is None else table + prefix + value[len(table):]
+        else:
+            out[key] = _refs_renamed(value, prefix)
+    return out
+
+
 def any_call(tools: dict[str, dict], *, with_id: bool = False) -> dict:
     """A call of any of `tools` (name -> parameters schema)."""
     calls = [call_schema(n, p, with_id=with_id) for n, p in tools.items()]

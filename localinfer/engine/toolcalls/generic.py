@@ -9,7 +9,7 @@ import json
 import re
 
 from localinfer.engine.toolcalls.common import (Convert, Parsed, ToolFormat, any_call, call_of,
-                                                calls_in, hoisted, with_calls)
+                                                calls_in, hoisted, namespaced, with_calls)
 
 INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call tools) "
                "or with `response` reply to the user's request")
@@ -31,6 +31,7 @@ class Generic(ToolFormat):
     def grammar(self, tools: dict[str, dict], convert: Convert, *, parallel: bool,
                 auto: bool) -> str:
         """A call (or several) or, with `auto`, a text response."""
+        tools = namespaced(tools)
         call = any_call(tools, with_id=parallel)
         called = ({"type": "object", "properties": {"tool_calls": {
             "type": "array", "items": call, "minItems": 1}}, "required": ["tool_calls"]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from localinfer.engine.toolcalls.common import (Convert, Parsed, ToolFormat, any_call, call_of,
-                                                hoisted, json_at, with_calls)
+                                                hoisted, json_at, namespaced, with_calls)
 
 _ROOT = re.compile(r"^root ::=", re.M)
 
@@ -17,6 +17,7 @@ class Hermes(ToolFormat):
 
     def grammar(self, tools: dict[str, dict], convert: Convert, *, parallel: bool,
                 auto: bool) -> str:
+        tools = namespaced(tools)
         call = convert(hoisted(any_call(tools), list(tools.values())))
         body = _ROOT.sub("tool-call-object ::=", call, count=1)
         first = ('"\\n" tool-call-object "\\n</tool_call>"' if auto

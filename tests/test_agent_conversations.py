@@ -173,3 +173,29 @@ def test_claude_codes_first_request_is_counted_over_http(messages):
         k: fields[k] for k in ("system", "messages", "tools")},
         extra_body={k: fields[k] for k in ("thinking", "output_config", "context_management")})
     assert counted.input_tokens > 15_000
+
+
+DROPS_LATER_SYSTEMS = ("{% for m in messages %}{% if m.role != 'system' or loop.first %}"
+                       "{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("template, kept", [("SMOLLM2", True), ("GEMMA3", False),
+                                            (DROPS_LATER_SYSTEMS, False)])
+def test_a_later_system_turn_is_rendered_or_folded_never_lost(template, kept):
+    """ChatML renders a system turn anywhere; Gemma's template raises on one, and a template
+    may drop one silently: there it is folded into the next user turn (the last, when none
+    follows, as Claude Code sends it)."""
+    import chat_templates
+
+    from localinfer.engine import templates
+    from localinfer.engine.prompt import placed_systems
+    template = getattr(chat_templates, template, template)
+    turns = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+             {"role": "system", "content": "MID"}, {"role": "assistant", "content": "A"},
+             {"role": "user", "content": "U2"}, {"role": "system", "content": "LAST"}]
+    placed = placed_systems(template, turns, {"extra": None})
+    assert (placed == turns) == kept
+    shown = templates.render(template, placed)
+    assert "MID" in shown and "LAST" in shown
+    if not kept:
+        assert placed[-1] == {"role": "user", "content": "MID\n\nU2\n\nLAST"}

@@ -156,7 +156,7 @@ def _judge(seen: list[tuple[str, dict]], name: str, result: subprocess.Completed
 def test_claude_code_completes_a_session_with_a_tool_call(served, tmp_path):
     bin_dir = _installed()
     server, url, seen = _proxy(served)
-    env = {**os.environ, "HOME": str(tmp_path), "ANTHROPIC_BASE_URL": url,
+    env = {**os.environ, "HOME": str(tmp_path), "PWD": str(tmp_path), "ANTHROPIC_BASE_URL": url,
            "ANTHROPIC_API_KEY": "x", "ANTHROPIC_MODEL": "smollm2",
            "ANTHROPIC_SMALL_FAST_MODEL": "smollm2", "DISABLE_AUTOUPDATER": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
@@ -181,8 +181,9 @@ def test_opencode_completes_a_session_with_a_tool_call(served, tmp_path):
                                           "models": {"smollm2": {"name": "smollm2"}}}}}
     (tmp_path / "opencode.json").write_text(json.dumps(config))
     (tmp_path / "notes.txt").write_text("The answer is 42.\n")
-    env = {**os.environ, "HOME": str(tmp_path), "OPENCODE_CONFIG": str(tmp_path / "opencode.json"),
-           "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+    # PWD too: OpenCode takes its workspace from it, not from the process's directory
+    env = {**os.environ, "HOME": str(tmp_path), "PWD": str(tmp_path),
+           "OPENCODE_CONFIG": str(tmp_path / "opencode.json"), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
     try:
         result = subprocess.run([str(bin_dir / "opencode"), "run", "Read notes.txt."],
                                 cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -106,31 +106,31 @@ def _naturals(low: int, high: int | None) -> str:
 
 
 def _same_width(low: str, high: str) -> list[str]:
-    """Sequences for the digit strings of one width from `low` to `high`."""
+    """Sequences for the digit strings of one width from `low` to `high`: after their common
+    prefix, `low`'s digit then anything at least its rest, the digits between then anything,
+    `high`'s digit then anything at most its rest."""
     if low == high:
         return [json.dumps(low)]
     i = next(k for k in range(len(low)) if low[k] != high[k])
     prefix = f"{json.dumps(low[:i])} " if i else ""
     rest = len(low) - i - 1
+    zeros, nines = "0" * rest, "9" * rest
     any_rest = f" [0-9]{{{rest}}}" if rest else ""
-    if low[i + 1:] == "0" * rest and high[i + 1:] == "9" * rest:
-        return [f"{prefix}{_digits(low[i], high[i])}{any_rest}"]
-    out = []
     first, last = int(low[i]), int(high[i])
-    if low[i + 1:] == "0" * rest:
-        last_full, out_low = first, []
-    else:
-        out_low = [f"{prefix}{json.dumps(low[i])} ( {' | '.join(_same_width(low[i + 1:], '9' * rest))} )"]
-        last_full = first + 1
-    if high[i + 1:] == "9" * rest:
-        full_end, out_high = last, []
-    else:
-        out_high = [f"{prefix}{json.dumps(high[i])} ( {' | '.join(_same_width('0' * rest, high[i + 1:]))} )"]
-        full_end = last - 1
-    out += out_low
-    if last_full <= full_end:
-        out.append(f"{prefix}{_digits(str(last_full), str(full_end))}{any_rest}")
-    return out + out_high
+    out = []
+    if low[i + 1:] != zeros:            # low's digit, then the rest from low's up
+        out.append(_then(prefix + json.dumps(low[i]), _same_width(low[i + 1:], nines)))
+        first += 1
+    full_end = last if high[i + 1:] == nines else last - 1
+    if first <= full_end:
+        out.append(f"{prefix}{_digits(str(first), str(full_end))}{any_rest}")
+    if high[i + 1:] != nines:           # high's digit, then the rest up to high's
+        out.append(_then(prefix + json.dumps(high[i]), _same_width(zeros, high[i + 1:])))
+    return out
+
+
+def _then(head: str, tails: list[str]) -> str:
+    return f"{head} ( {' | '.join(tails)} )"
 
 
 def _digits(low: str, high: str) -> str:

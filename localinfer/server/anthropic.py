@@ -1,9 +1,11 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
 A request is checked here in Anthropic's terms (`max_tokens` required, roles user and assistant,
-content as a string or text blocks, `system` as a string or text blocks), then said as the chat
-request server/requests.py prepares for /v1/chat/completions: the same template, tokens, sampling,
-thinking and checks, and the same job through jobs.run (queue, cancellation, shutdown). The answer
+and system or developer turns as agents send them mid-conversation, content as a string or text
+blocks, `system` as a string or text blocks; `output_config`'s format and effort, and the fields
+that only steer Anthropic's own service, `cache_control` and `context_management`, accepted),
+then said as the chat request server/requests.py prepares for /v1/chat/completions: the same
+template, tokens, sampling, thinking and checks, and the same job through jobs.run (queue, cancellation, shutdown). The answer
 comes back as a message: a thinking model's trace as `thinking` blocks (signature "") before the
 `text` block, `stop_reason` end_turn, max_tokens or stop_sequence (with the `stop_sequence` met),
 `usage` in input and output tokens; streamed as Anthropic's events (message_start, ping,
@@ -117,8 +119,8 @@ def _count(body: dict, served) -> int:
 
 
 def _translate(body: dict, defaults, *, counting: bool):
-    """Anthropic's body as the chat body requests.prepare takes, the Defaults with its system
-    prompt, and its stop sequences."""
+    """Anthropic's body as the chat body requests.prepare takes (its system prompt the first
+    message), the Defaults with its thinking, and its stop sequences."""
     system = _system(body.get("system"))
     # The top-level system prompt leads the conversation (a system turn inside `messages`, as
     # Claude Code sends, must not take its place); the server's --system is for a request

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.server import access, anthropic, embeddings, guard, hosting, ollama, reasoning
-from localinfer.server import tools
+from localinfer.server import responses, tools
 from localinfer.server import served_metrics
 from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
@@ -96,6 +96,7 @@ def make_app(served: Served, cors: str | None = None):
     app = Starlette(routes=[Route("/health", health), Route("/v1/models", models),
                             Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/v1/completions", completions, methods=["POST"]),
+                            *responses.routes(served),
                             *anthropic.routes(served), *ollama.routes(served),
                             *embeddings.routes(served), *served_metrics.routes(served)],
                     middleware=middleware,
@@ -108,7 +109,8 @@ def make_app(served: Served, cors: str | None = None):
                          lambda path, status: served.metrics.request(path, status, endpoints))
 
 
-_PATHS = ("/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /v1/messages, "
+_PATHS = ("/v1/chat/completions, /v1/completions, /v1/responses (and input_tokens, GET and "
+          "DELETE of /v1/responses/ID), /v1/embeddings, /v1/models, /v1/messages, "
           "/v1/messages/count_tokens, /health, /metrics, and Ollama's /api/chat, /api/generate, "
           "/api/embed, /api/tags, /api/show, /api/ps and /api/version")
 

@@ -31,9 +31,10 @@ from localinfer.server import requests
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.file_facts import NO_FILE, Facts, FileFacts, rfc3339
 
-# The Ollama release whose API this server speaks (think levels, tool calls, format schemas):
-# clients compare it to gate features.
-VERSION = "0.12.0"
+# The Ollama release whose API this server speaks (think levels, tool calls, format schemas, the
+# Responses API at /v1/responses): clients compare it to gate features. Codex's Ollama mode
+# (`codex --oss`) refuses a server older than 0.13.4, the first with /v1/responses.
+VERSION = "0.13.5"
 TEMPLATE_KEY = "tokenizer.chat_template"
 # A model with no end: Ollama's expires_at for keep_alive -1 (now plus the longest Go duration)
 FOREVER = "2318-01-01T00:00:00Z"

@@ -46,6 +46,8 @@ class LoadOptions:
                                   # takes f16 K for the tiled attention kernel where the
                                   # CPU backend cannot be steered (llama/kv.py)
     n_seq: int = 1                # KV sequences in the context (llama/batched.py: one per request)
+    rope_scaling: str = ""        # "yarn" or "linear": n_ctx stretches the trained context (the
+                                  # fit refuses one beyond it otherwise); "": the model's own
 
 
 class Grammar(Protocol):

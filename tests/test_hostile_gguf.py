@@ -264,13 +264,16 @@ def test_context_and_batch_sizes_are_bounded(models_home, args):
 
 
 # -- engine failures -----------------------------------------------------------------------------------
-def test_a_context_that_cannot_be_made_is_one_line_not_a_segfault(models_home):
+def test_a_context_that_cannot_be_made_is_one_line_not_a_segfault(smollm_path, tmp_path):
     # The model was freed on this path and freed again when the session was collected: exit 139.
+    # (A copy that declares a long trained context: one beyond it is refused before loading.)
+    long = patched(smollm_path, tmp_path, "llama.context_length", 262144)
+
     def three_gb_of_address_space() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
     env = {**os.environ, "LOCALINFER_HOME": str(MODELS_HOME), "NO_COLOR": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "localinfer", "run", "smollm2", *RUN, "--ctx", "200000",
+        [sys.executable, "-m", "localinfer", "run", str(long), *RUN, "--ctx", "200000",
          "--memory", "100GB"], stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
         preexec_fn=three_gb_of_address_space, timeout=300)
     assert "cannot create a context of 200000 tokens" in refusal(result)

@@ -196,6 +196,11 @@ CASES: dict[str, Case] = {
     'localinfer serve qwen2.5-1.5b --host 0.0.0.0 --api-key "$KEY" --temp 0.2':
         Case(skip=NOT_HERE + ", served to the network"),
     "localinfer ps --url http://gpu-box:8080": Case(skip=PLACEHOLDER + " (a host)"),
+    # launch: the agents are npm programs (their runs are the `agents` tests); --print runs here
+    "localinfer launch claude qwen2.5-1.5b": Case(skip=NOT_HERE + ", and Claude Code from npm"),
+    'localinfer launch codex qwen2.5-1.5b -- exec "explain this repository"':
+        Case(skip=NOT_HERE + ", and Codex CLI from npm"),
+    "localinfer launch opencode qwen2.5-1.5b --print": Case(check=_said, default=True),
     # worker
     "localinfer worker": Case(serves=50052),
     "localinfer worker --host 0.0.0.0 --allow-remote --memory 12GB":

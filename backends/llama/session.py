@@ -116,6 +116,8 @@ class LlamaCppSession(GGUFVocabulary):
         # to a long one.
         cparams.n_seq_max = options.n_seq
         cparams.kv_unified = options.n_seq > 1
+        self._rope = _stretch(cparams, options.rope_scaling, n_ctx,
+                              lib.llama_model_n_ctx_train(self._model))
         self._kv_types = cparams.type_k, cparams.type_v = kv_cache_types(options, steered)
         # Flash attention, always: the kernels that read a quantized V cache, and the ones whose
         # row-by-row path is batch-invariant (see kv.py).
@@ -240,7 +242,7 @@ class LlamaCppSession(GGUFVocabulary):
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
                 "kv_types": list(self._kv_types), "steered": self._steer is not None,
-                "swa_full": True,
+                "swa_full": True, **({"rope": list(self._rope)} if self._rope else {}),
                 **self.offload.identity()}
 
     def restore(self, blob: bytes, n_past: int) -> None:
@@ -269,3 +271,17 @@ class LlamaCppSession(GGUFVocabulary):
             self.close()
         except Exception:
             pass
+
+
+def _stretch(cparams, scaling: str, n_ctx: int, trained: int) -> tuple[str, float] | None:
+    """RoPE scaling asked for (LoadOptions.rope_scaling): positions up to n_ctx squeezed into the
+    trained range, YaRN's attention correction from the trained length. It shapes every K cell,
+    so it is part of the state's identity; None when not asked or nothing is stretched."""
+    if not scaling or trained <= 0 or n_ctx <= trained:
+        return None
+    lib = engine()
+    kinds = {"yarn": lib.LLAMA_ROPE_SCALING_TYPE_YARN, "linear": lib.LLAMA_ROPE_SCALING_TYPE_LINEAR}
+    cparams.rope_scaling_type = kinds[scaling]
+    cparams.rope_freq_scale = trained / n_ctx
+    cparams.yarn_orig_ctx = trained
+    return scaling, trained / n_ctx

@@ -15,8 +15,8 @@ import traceback
 import typer
 
 from localinfer import settings
-from localinfer.cli import (batch, cache, console, embed, generate, measure, models, serve,
-                            server_client, shell, show, worker)
+from localinfer.cli import (batch, cache, console, embed, generate, launch, measure, models,
+                            serve, server_client, shell, show, worker)
 from localinfer.cli import help_style
 from localinfer.cli.options import misread_think
 from localinfer.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, LocalinferError
@@ -82,6 +82,7 @@ batch.register(app)
 embed.register(app)
 serve.register(app)
 server_client.register(app)
+launch.register(app)
 worker.register(app)
 models.register(app)
 show.register(app)
@@ -107,8 +108,10 @@ def optional_think_value(args: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every failure ends as one line on stderr and a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    console.set_debugging("--debug" in args)
-    typed = [a for a in args if a != "--debug"]
+    # --debug is ours anywhere but after `--`, where the arguments are a prompt's or an agent's
+    ours = args.index("--") if "--" in args else len(args)
+    console.set_debugging("--debug" in args[:ours])
+    typed = [a for a in args[:ours] if a != "--debug"] + args[ours:]
     args = optional_think_value(typed)
     if COMPLETE_VAR in os.environ:   # a shell asking for completions: click's own protocol
         typer.main.get_command(app).main(args, prog_name="localinfer", complete_var=COMPLETE_VAR)

@@ -77,6 +77,10 @@ def serve(
     think_budget: Optional[int] = think_budget_option(),
     ctx: int = ctx_option(0, 0, "Context the requests share, one of them may use it all; 0 = "
                           "the model's trained context, as far as the memory budget allows."),
+    rope_scaling: Optional[str] = typer.Option(
+        None, "--rope-scaling", metavar="yarn|linear", rich_help_panel=CONTEXT,
+        help="Stretch the model's trained context to a longer --ctx (its answers degrade past "
+             "the trained length); without it such a --ctx is refused."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
@@ -120,6 +124,12 @@ def serve(
         raise UsageError(f"listening on {host} needs --api-key (or {KEY_ENV}): anyone who can "
                          "reach it could use the model")
     # refused before loading
+    if rope_scaling is not None:
+        from localinfer.fit.auto import check_rope_scaling
+        check_rope_scaling(rope_scaling)
+        if not ctx:
+            raise UsageError("--rope-scaling needs --ctx: the context to stretch the trained "
+                             "one to")
     if pull and offline:
         raise UsageError("--pull and --offline say opposite things; give one")
     defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
@@ -133,8 +143,9 @@ def serve(
                parallel=parallel, queue=queue, key=key, cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, verbose=verbose,
                defaults=defaults,
-               fit=fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                               gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe),
+               fit=replace(fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
+                                       gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe),
+                           rope_scaling=rope_scaling or ""),
                load=dict(threads=threads, engine_log=engine_log(verbose), backend=backend),
                use_cache=not no_cache)
     finally:

@@ -7,7 +7,7 @@ finds it on disk). Every decision about what fits is left to the pure functions 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localinfer import settings
@@ -18,6 +18,10 @@ from localinfer.fit.options import FitOptions, Notify, QuantizeBar, Reporter
 from localinfer.models import refs
 from localinfer.units import parse_size
 
+# RoPE scalings llama.cpp applies when asked (--rope-scaling), and how many times the trained
+# context they may stretch it: past a few times even YaRN's answers fall apart.
+ROPE_SCALINGS = ("yarn", "linear")
+MAX_STRETCH = 8
 # What auto-fit may quantize to, best quality first: the K-quant mixes llama.cpp recommends, none
 # of which needs an importance matrix. Legacy and IQ types add little between these steps.
 AUTO_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M",
@@ -32,6 +36,7 @@ class Resolved:
     notes: tuple[str, ...]
     gpu_layers: int = -1      # layers on the GPU (LoadOptions.gpu_layers); -1: not placed, all
     cpu_moe: int = 0          # layers whose experts stay in host memory (LoadOptions.cpu_moe)
+    trained: int = 0          # the model's trained context (0: not known before its pull)
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,38 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
                          quantize_bar=report.quantize_bar, quantize=fit.quantize_to_fit)
 
 
+def check_trained(ctx: int, trained: int, name: str, rope_scaling: str = "") -> None:
+    """Refuse a context of `ctx` tokens (0: the default, always within) beyond the model's
+    `trained` one (0: unknown): RoPE positions past it are ones the model never saw, and its
+    answers fall apart there. Only an explicit RoPE scaling (`rope_scaling`, serve's
+    --rope-scaling) stretches it, up to MAX_STRETCH times, and only to a context beyond it."""
+    if rope_scaling:
+        check_rope_scaling(rope_scaling)
+    if not ctx or not trained:
+        return
+    if not rope_scaling:
+        if ctx > trained:
+            raise UsageError(f"--ctx {ctx} is beyond {name}'s trained context of {trained:,} "
+                             f"tokens (its answers fall apart past it); give --ctx {trained} or "
+                             "less (0: as much as fits), or stretch it explicitly with serve's "
+                             "--rope-scaling yarn")
+        return
+    if ctx <= trained:
+        raise UsageError(f"--rope-scaling stretches {name}'s trained context ({trained:,} "
+                         f"tokens) to a longer --ctx; give --ctx above {trained}, or leave "
+                         "--rope-scaling out")
+    if ctx > MAX_STRETCH * trained:
+        raise UsageError(f"--ctx {ctx} is more than {MAX_STRETCH} times {name}'s trained context "
+                         f"({trained:,} tokens), further than RoPE scaling holds; give --ctx "
+                         f"{MAX_STRETCH * trained} or less")
+
+
+def check_rope_scaling(rope_scaling: str) -> None:
+    if rope_scaling not in ROPE_SCALINGS:
+        raise UsageError(f"unknown --rope-scaling '{rope_scaling[:40]}'; choose "
+                         f"{' or '.join(ROPE_SCALINGS)}")
+
+
 def check_kv_type(kv_type: str | None) -> None:
     if kv_type is not None and kv_type not in memory.KV_TYPE_BYTES:
         raise UsageError(f"unknown KV-cache type '{kv_type}'; choose f16, q8_0 or q4_0")
@@ -151,7 +188,7 @@ def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,
         raise DoesNotFit(fitting.refusal(
             ref.display if ref.path is None else str(ref.path), facts, smaller))
     return Resolved(ref, placement.n_ctx, placement.kv_type, placement.notes, placement.gpu_layers,
-                    placement.cpu_moe)
+                    placement.cpu_moe, facts.context_length)
 
 
 def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
@@ -178,7 +215,7 @@ def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
     if quant != spec.default_quant:
         notes = (f"using {spec.display_name}:{quant}, the most precise variant that fits", *notes)
     return Resolved(refs.variant_ref(spec, quant, store), placement.n_ctx, placement.kv_type,
-                    notes, placement.gpu_layers, placement.cpu_moe)
+                    notes, placement.gpu_layers, placement.cpu_moe, base.context_length)
 
 
 def _ctx(facts: memory.ModelFacts, n_ctx: int) -> int:
@@ -197,6 +234,31 @@ def place_file(path: Path, *, n_ctx: int, kv_type: str | None = None,
     fitting = Fitting(*machine_and_budget(memory_budget), n_ctx, kv_type, gpu_layers, min_ctx,
                       cpu_moe)
     return fitting.place(memory.facts_from_file(path))
+
+
+def longest_context(path: Path, *, trained: int, least: int, fit: FitOptions) -> rules.Placement | None:
+    """`serve`'s default context on the model file `path`: the `trained` one where the budget
+    holds it, else the longest in whole KV pages that it holds, above `least` (the context
+    already fitted); None when none above it fits. Halving alone would leave a model trained
+    for 32k tokens 16k where 24k fit, too few for a coding agent's first request."""
+    machine, budget = machine_and_budget(fit.memory)
+    facts = memory.facts_from_file(path)
+
+    def at(n_ctx: int) -> rules.Placement:
+        return Fitting(machine, budget, n_ctx, fit.kv_type, fit.gpu_layers, n_ctx,
+                       fit.cpu_moe).place(facts)
+    whole = at(trained)
+    if whole.fits:
+        return whole
+    best, lo, hi = None, least // memory.KV_PAD, (trained - 1) // memory.KV_PAD
+    while lo < hi:               # lo pages fit (the context already fitted), hi + 1 do not
+        mid = (lo + hi + 1) // 2
+        placed = at(mid * memory.KV_PAD)
+        lo, hi, best = (mid, hi, placed) if placed.fits else (lo, mid - 1, best)
+    if best is None:
+        return None
+    return replace(best, notes=(*best.notes, f"context shortened from {trained} to "
+                                f"{best.n_ctx} tokens to fit the memory budget"))
 
 
 def _quantize_to_fit(name: str, on_disk: dict[str, Path], fitting: Fitting,

@@ -30,6 +30,8 @@ class FitOptions:
     gpu_layers: int | None = None   # --gpu-layers: None = as many as the GPU's memory holds
     cpu_moe: int | None = None      # --cpu-moe: layers whose experts stay in RAM; None = fit.moe
     offline: bool = False           # --offline: never download
+    rope_scaling: str = ""          # serve --rope-scaling: yarn or linear stretches the trained
+                                    # context to --ctx; "" never goes past it
     # May quantize a variant into the store when none on disk fits (an operator's command; a
     # server's request only with serve --pull): False refuses instead, writing nothing.
     quantize_to_fit: bool = True

@@ -43,11 +43,13 @@ def name(model: str, fit: FitOptions, report: Reporter = Reporter()) -> refs.Nam
 
 def fit_model(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *,
               threads: int = 0, engine_log: bool = False, request: Request | None = None,
-              vocab: Session | None = None) -> Fitted:
+              vocab: Session | None = None, ctx_each: int | None = None) -> Fitted:
     """The variant, context, KV type and GPU layers that fit the memory budget (pulled or
     quantized if need be; notes to `report`). With `run`'s `request` the context is sized to its
     prompt (fit.request; `vocab`, a loaded model, counts it), and the sizing comes back with the
-    prompt as it is to be sent (--truncate may cut it)."""
+    prompt as it is to be sent (--truncate may cut it). A context beyond the model's trained one
+    is refused unless fit.rope_scaling stretches it (`ctx_each`: what one sequence gets, when
+    fit.ctx is that of several)."""
     from localinfer.engine.prompt import is_long
     from localinfer.fit import request as sizing
     if request is None:
@@ -55,11 +57,13 @@ def fit_model(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(),
     else:
         sized = sizing.resolve(request, named, fit, report, vocab=vocab)
         chosen = sized.resolved
+    auto.check_trained(fit.ctx if ctx_each is None else ctx_each, chosen.trained,
+                       chosen.ref.display, fit.rope_scaling)
     for note in (*chosen.notes, *(sized.notes if sized else ())):
         report.notify(note)
     options = LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=engine_log,
                           kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers,
-                          cpu_moe=chosen.cpu_moe,
+                          cpu_moe=chosen.cpu_moe, rope_scaling=fit.rope_scaling,
                           long_prompt=sized is not None and is_long(sized.prompt))
     return Fitted(chosen.ref, options, sized)
 
@@ -160,7 +164,7 @@ def fit_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(),
     backends.select_batch(backend, None)
     ctx = fit.ctx
     fitted = fit_model(named, replace(fit, ctx=ctx if shared else ctx * parallel), report,
-                       threads=threads, engine_log=engine_log)
+                       threads=threads, engine_log=engine_log, ctx_each=ctx)
     options = fitted.options
     path = refs.locate(fitted.ref, refs.model_store(), offline=fit.offline,
                        progress=report.progress, notify=report.notify,
@@ -169,10 +173,8 @@ def fit_batch(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(),
         trained = memory.facts_from_file(path).context_length
         fitted_ctx = options.n_ctx or context_length(0, trained)
         if trained > fitted_ctx:
-            placed = auto.place_file(path, n_ctx=trained, memory_budget=fit.memory,
-                                     min_ctx=fitted_ctx, kv_type=fit.kv_type,
-                                     gpu_layers=fit.gpu_layers, cpu_moe=fit.cpu_moe)
-            if placed.fits:
+            placed = auto.longest_context(path, trained=trained, least=fitted_ctx, fit=fit)
+            if placed is not None:
                 for note in placed.notes:
                     report.notify(note)
                 options = replace(options, n_ctx=placed.n_ctx, kv_type=placed.kv_type,

@@ -6,9 +6,13 @@ and its result must complete. Opt-in (`pytest -m agents`): it installs the agent
 
 SmolLM2 is tiny, so what is judged is the protocol, not the answers. The agent talks to the
 server through a recording proxy (this file), which keeps the run deterministic: it caps each
-request's max_tokens, and on the first request that carries tools it names a read-only tool in
-`tool_choice` (the model must then call it), so that the second turn carries the tool's result.
-Everything else reaches the server as the agent sent it. With LOCALINFER_CAPTURE_AGENTS=1 the
+request's max_tokens; on the first request that carries tools it names a read-only tool in
+`tool_choice` (the model must then call it), and on a request that carries a tool's result it
+sends `tool_choice` none and stops at the first sentence (the model must then answer, and within
+max_tokens, which Claude Code would otherwise ask to continue), so that the session is two turns. SmolLM2
+left to choose kept calling tools (31 turns of Claude Code in 14 minutes). Everything else
+reaches the server as the agent sent it; past MAX_REQUESTS the proxy answers a 500, so that a
+looping agent ends the test quickly with what it sent. With LOCALINFER_CAPTURE_AGENTS=1 the
 first request with tools is written to tests/data/agents/, which tests/test_agent_schemas.py
 replays without npm."""
 
@@ -33,8 +37,9 @@ pytestmark = pytest.mark.agents
 NPM_DIR = Path.home() / ".cache" / "localinfer-tests" / "agents-npm"
 AGENTS = Path(__file__).parent / "data" / "agents"
 PACKAGES = ("@anthropic-ai/claude-code", "opencode-ai")
-READ_ONLY = ("Glob", "Read", "LS", "glob", "read", "list")
-MAX_TOKENS = 48
+READ_ONLY = ("Read", "read", "Glob", "LS", "glob", "list")
+MAX_TOKENS = 160
+MAX_REQUESTS = 12
 CTX = "32768"
 
 
@@ -61,6 +66,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     upstream: tuple[str, int]
     seen: list[tuple[str, dict]]
     forced: list[bool]
+    replies: list[str]
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -68,6 +74,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
             body = json.loads(raw)
         except ValueError:
             body = None
+        if len(self.seen) >= MAX_REQUESTS:
+            self.send_error(500, "the test's proxy: too many requests")
+            return
         if isinstance(body, dict):
             self.seen.append((self.path, json.loads(raw)))
             body = self._steered(body)
@@ -86,9 +95,13 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         tools = body.get("tools") or []
         names = [t.get("name") or t.get("function", {}).get("name") for t in tools]
         pick = next((n for n in READ_ONLY if n in names), None)
-        if pick and not self.forced and not _has_result(body):
+        anthropic = "input_schema" in json.dumps(tools)
+        if pick and _has_result(body):
+            body["tool_choice"] = {"type": "none"} if anthropic else "none"
+            # its first sentence: an answer cut by max_tokens makes Claude Code ask again
+            body["stop_sequences" if anthropic else "stop"] = [".", "\n"]
+        elif pick and not self.forced:
             self.forced.append(True)
-            anthropic = "input_schema" in json.dumps(tools)
             body["tool_choice"] = {"type": "tool", "name": pick} if anthropic else \
                 {"type": "function", "function": {"name": pick}}
         return body
@@ -107,9 +120,13 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
                 self.send_header(k, v)
         self.send_header("Connection", "close")
         self.end_headers()
+        tail = b""
         while chunk := reply.read1(65536) if method != "HEAD" else b"":
             self.wfile.write(chunk)
             self.wfile.flush()
+            tail = (tail + chunk)[-600:]
+        self.replies.append(f"{method} {self.path} {reply.status}: "
+                            + tail.decode("utf-8", "replace"))
         conn.close()
 
     def log_message(self, *args) -> None:
@@ -135,22 +152,25 @@ def _proxy(url: str):
     host, port = url.removeprefix("http://").split(":")
     seen: list[tuple[str, dict]] = []
     handler = type("Recorder", (_Recorder,), {"upstream": (host, int(port)), "seen": seen,
-                                              "forced": []})
+                                              "forced": [], "replies": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.replies = handler.replies
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}", seen
 
 
-def _judge(seen: list[tuple[str, dict]], name: str, result: subprocess.CompletedProcess) -> None:
+def _judge(seen: list[tuple[str, dict]], name: str, result: subprocess.CompletedProcess,
+           replies: list[str]) -> None:
     """The session completed: the agent exited 0 after a request that carried the tool's
     result; the first request with tools is kept as a fixture when asked."""
     with_tools = [b for _, b in seen if b.get("tools")]
-    assert with_tools, (result.stdout[-2000:], result.stderr[-2000:])
+    said = (result.stdout[-1500:], result.stderr[-1500:], [r[-300:] for r in replies[-4:]])
+    assert with_tools, said
     if os.environ.get("LOCALINFER_CAPTURE_AGENTS"):
         AGENTS.mkdir(parents=True, exist_ok=True)
         (AGENTS / f"{name}.json").write_text(json.dumps(with_tools[0], indent=1) + "\n")
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
-    assert any(_has_result(b) for b in with_tools), [p for p, _ in seen]
+    assert len(seen) < MAX_REQUESTS and result.returncode == 0, said
+    assert any(_has_result(b) for b in with_tools), said
 
 
 def test_claude_code_completes_a_session_with_a_tool_call(served, tmp_path):
@@ -165,10 +185,10 @@ def test_claude_code_completes_a_session_with_a_tool_call(served, tmp_path):
     try:
         result = subprocess.run([str(bin_dir / "claude"), "-p", "Read notes.txt.",
                                  "--output-format", "json"], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=1500)
+                                capture_output=True, text=True, timeout=900)
     finally:
         server.shutdown()
-    _judge(seen, "claude-code", result)
+    _judge(seen, "claude-code", result, server.replies)
 
 
 def test_opencode_completes_a_session_with_a_tool_call(served, tmp_path):
@@ -187,7 +207,7 @@ def test_opencode_completes_a_session_with_a_tool_call(served, tmp_path):
     try:
         result = subprocess.run([str(bin_dir / "opencode"), "run", "Read notes.txt."],
                                 cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=1500)
+                                timeout=900)
     finally:
         server.shutdown()
-    _judge(seen, "opencode", result)
+    _judge(seen, "opencode", result, server.replies)

@@ -147,6 +147,33 @@ def test_the_second_turn_continues_from_the_first(agent_server):
     assert prompt2 > prompt1 and cached2 >= prompt1 - 64, (prompt1, prompt2, cached2)
 
 
+def _claude_turn(url: str, nonce: str, messages: list[dict]) -> int:
+    """One /v1/messages request as Claude Code sends it (its system prompt led by the billing
+    block whose hash changes with every request); the prompt tokens found cached."""
+    cached0, _ = _cached_and_prompt(url)
+    system = [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.90.abc; "
+                                       f"cc_entrypoint=cli; cch={nonce};"},
+              {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    body = {"model": SMOLLM, "system": system, "messages": messages, "max_tokens": 4,
+            "temperature": 0}
+    request = urllib.request.Request(url + "/v1/messages", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=300).read()
+    return int(_cached_and_prompt(url)[0] - cached0)
+
+
+@pytest.mark.xfail(strict=True, reason="server/anthropic.py renders Claude Code's billing block, "
+                   "whose hash changes every request, at the prompt's start (launch sets "
+                   "CLAUDE_CODE_ATTRIBUTION_HEADER=0; a server-side drop of the block is for "
+                   "anthropic.py's owner)")
+def test_claude_codes_changing_billing_block_does_not_defeat_reuse(agent_server):
+    first = [{"role": "user", "content": "List the files in the repository."}]
+    _claude_turn(agent_server, "1a2b3", first)
+    second = [*first, {"role": "assistant", "content": "README.md and src/."},
+              {"role": "user", "content": "Now read README.md."}]
+    assert _claude_turn(agent_server, "9f8e7", second) > 1000
+
+
 def _ttft(url: str, messages: list[dict]) -> float:
     """Seconds to the first streamed piece of an answer (text or a call)."""
     import time

@@ -84,7 +84,7 @@ def test_refusals_name_the_input(embedders):
 def test_cli_writes_one_json_line_per_line_in_order(model, models_home, in_models_home):
     from localinfer.pipeline import embed
     lines = TEXTS * 5
-    result = run_cli("embed", model, "--offline", "--batch", "3", "-t", "2",
+    result = run_cli("embed", model, "--offline", "--batch", "3", "-t", "1",
                      input="\n".join(lines) + "\n")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]

@@ -7,6 +7,8 @@ attention used to switch single decode steps to a different kernel than verifica
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import inspect
 import json
 from pathlib import Path
@@ -122,7 +124,9 @@ def test_probe_sees_the_long_context_kernel_switch(smollm_path, monkeypatch):
     # say so (1 = no drafting). The same cache steered (the default here) stays exact.
     monkeypatch.setattr(steer, "available", lambda: False)
     monkeypatch.setitem(llama_kv._GGML_KV_TYPES, "f16", (1, 1))
-    loaded = load_file(smollm_path, OPTIONS)
+    # Two threads, whatever CPUs this worker has: with one the KV-split kernel has one chunk
+    # and stays exact (see the next test).
+    loaded = load_file(smollm_path, replace(OPTIONS, n_threads=2))
     try:
         assert loaded.session.kv_type == "f16"       # not steered, so keyed apart from steered
         tokens = exactness.probe_tokens(loaded.session)

@@ -61,7 +61,7 @@ def test_quantize_into_the_store_then_run_list_rm(smollm_path: Path, home: Path)
 def test_f16_target_with_output_path(smollm_path: Path, tmp_path: Path):
     out = tmp_path / "f16.gguf"
     done = run_cli("quantize", str(smollm_path), "--type", "F16", "--allow-requantize",
-                   "-o", str(out), "--threads", "2", home=tmp_path / "home")
+                   "-o", str(out), "--threads", "1", home=tmp_path / "home")
     assert done.returncode == 0, done.stderr
     types = {t.type_name for t in read_header(out).tensors}
     assert types == {"F16", "F32"}

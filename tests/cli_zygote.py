@@ -89,7 +89,11 @@ while True:
         if pid == 0: break
         conn = children.pop(pid, None)
         if conn:
-            conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode()); conn.close()
+            try:                                # the caller may have timed out and gone
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass
+            conn.close()
 """
 
 

@@ -82,13 +82,9 @@ async def _messages(served, request: Request):
     except BadRequest as e:
         return _refused(e)
     try:
-        prepared = await hosting.off_loop(seen, _prepare, body, seen)
+        prepared = await hosting.prepared(seen, _prepare, body, seen)
     except BadRequest as e:
-        seen.release()
         return _refused(e)
-    except BaseException:               # a failure no check foresaw: the lease goes back too
-        seen.release()
-        raise
     reply = _Reply(seen.names[0], prepared, served.log)
     return await jobs.run(seen, request, prepared, reply, anthropic_error)
 

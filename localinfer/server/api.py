@@ -141,14 +141,10 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     except BadRequest as e:
         return e.response()
     try:
-        prepared = await hosting.off_loop(seen, prepare, body, seen.session, seen.names,
+        prepared = await hosting.prepared(seen, prepare, body, seen.session, seen.names,
                                           seen.request_ctx, chat=chat, defaults=seen.defaults)
     except BadRequest as e:
-        seen.release()
         return e.response()
-    except BaseException:               # a failure no check foresaw: the lease goes back too
-        seen.release()
-        raise
     reply = _Reply(seen.names[0], chat, prepared, served.log)
     return await run(seen, request, prepared, reply, error)
 

@@ -264,6 +264,16 @@ async def off_loop(seen, fn, *args, **kwargs):
     return await asyncio.get_running_loop().run_in_executor(seen.executor, call)
 
 
+async def prepared(seen, fn, *args, **kwargs):
+    """A request's preparation off the loop (off_loop); if it fails for any reason (a BadRequest
+    or a failure no check foresaw) the view's lease goes back before the error propagates."""
+    try:
+        return await off_loop(seen, fn, *args, **kwargs)
+    except BaseException:
+        seen.release()
+        raise
+
+
 def _asks_batch(body: dict) -> bool:
     """The request says priority "batch" (in the body, or Ollama's options); its value is
     checked where the job is made (requests.prepare)."""

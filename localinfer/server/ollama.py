@@ -79,13 +79,9 @@ async def _answer(served, request: Request, *, chat: bool):
     except BadRequest as e:
         return e.response(ollama_error)
     try:
-        name, prepared = await hosting.off_loop(seen, _prepare, body, seen, chat)
+        name, prepared = await hosting.prepared(seen, _prepare, body, seen, chat)
     except BadRequest as e:
-        seen.release()
         return e.response(ollama_error)
-    except BaseException:               # a failure no check foresaw: the lease goes back too
-        seen.release()
-        raise
     if prepared is None:            # Ollama's way to load a model (keep_alive 0: to unload it)
         seen.release()
         return JSONResponse(ollama_reply.loaded(name, chat))

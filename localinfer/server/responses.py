@@ -96,13 +96,9 @@ async def _create(served, store: Store, request: Request):
     except BadRequest as e:
         return e.response()
     try:
-        prepared, echo, conversation = await hosting.off_loop(seen, _prepare, body, seen, store)
+        prepared, echo, conversation = await hosting.prepared(seen, _prepare, body, seen, store)
     except BadRequest as e:
-        seen.release()
         return e.response()
-    except BaseException:               # a failure no check foresaw: the lease goes back too
-        seen.release()
-        raise
 
     def keep(response: dict, message: dict) -> None:
         if echo["store"]:

@@ -162,10 +162,6 @@ def _claude_turn(url: str, nonce: str, messages: list[dict]) -> int:
     return int(_cached_and_prompt(url)[0] - cached0)
 
 
-@pytest.mark.xfail(strict=True, reason="server/anthropic.py renders Claude Code's billing block, "
-                   "whose hash changes every request, at the prompt's start (launch sets "
-                   "CLAUDE_CODE_ATTRIBUTION_HEADER=0; a server-side drop of the block is for "
-                   "anthropic.py's owner)")
 def test_claude_codes_changing_billing_block_does_not_defeat_reuse(agent_server):
     first = [{"role": "user", "content": "List the files in the repository."}]
     _claude_turn(agent_server, "1a2b3", first)

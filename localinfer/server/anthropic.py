@@ -188,8 +188,18 @@ def _system(system) -> str | None:
     if isinstance(system, str):
         return system
     if isinstance(system, list):
-        return _text_blocks(system, "system")
+        return _text_blocks([b for b in system if not _billing_block(b)], "system")
     raise BadRequest("'system' must be a string or a list of text blocks")
+
+
+def _billing_block(block) -> bool:
+    """Claude Code (2.1.36 on) leads its system prompt with a block for Anthropic's billing,
+    `x-anthropic-billing-header: ...; cch=HASH;`, whose hash changes with every request. It
+    says nothing to the model, and rendered first it would make every request's prompt differ
+    from its first token, so no cached prefix could ever be reused: it is dropped."""
+    return (isinstance(block, dict) and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+            and block["text"].startswith("x-anthropic-billing-header:"))
 
 
 def _text_blocks(blocks: list, where: str, thinking: list | None = None,

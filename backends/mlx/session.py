@@ -36,6 +36,9 @@ class MlxSession(BorrowedVocabulary):
         from localinfer.backends.mlx import models as mlx_models, weights as mlx_weights
         from localinfer.backends.llama.vocab import LlamaVocab
 
+        if options.rope_scaling:        # before the file is read: a usage error
+            raise UsageError(f"the MLX backend does not apply RoPE scaling; --rope-scaling "
+                             f"{options.rope_scaling} needs --backend llama.cpp")
         header = checked_header(path)     # the values llama.cpp would refuse, refused here too
         arch = str(header.metadata.get("general.architecture", "unknown"))
         if arch not in mlx_models.ARCHITECTURES:

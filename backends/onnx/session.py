@@ -48,6 +48,9 @@ class OnnxSession(BorrowedVocabulary):
         from localinfer.backends.llama.vocab import LlamaVocab
         from localinfer.gguf.checks import checked_header
 
+        if options.rope_scaling:
+            raise UsageError(f"the ONNX backend does not apply RoPE scaling; --rope-scaling "
+                             f"{options.rope_scaling} needs --backend llama.cpp")
         if options.kv_type != "f16":
             raise UsageError(f"the ONNX backend keeps its KV cache in float32; "
                              f"--kv-type {options.kv_type} needs --backend llama.cpp")

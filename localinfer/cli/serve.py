@@ -127,6 +127,9 @@ def serve(
     if rope_scaling is not None:
         from localinfer.fit.auto import check_rope_scaling
         check_rope_scaling(rope_scaling)
+        if backend in ("mlx", "onnx"):      # only llama.cpp stretches RoPE positions
+            raise UsageError(f"--rope-scaling needs --backend llama.cpp: the {backend} backend "
+                             "does not apply RoPE scaling")
         if not ctx:
             raise UsageError("--rope-scaling needs --ctx: the context to stretch the trained "
                              "one to")

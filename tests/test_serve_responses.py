@@ -199,6 +199,23 @@ def test_codex_s_ollama_mode_finds_a_version_with_the_responses_api(server):
     assert status == 200 and reply["status"] in ("completed", "incomplete")
 
 
+def test_a_result_no_call_asked_for_is_said_to_the_model(server):
+    """Codex sends its goal tool's result with a name and namespace and no call_id, after the
+    calls and results of a turn (seen as a 400 on its second request)."""
+    turn = [{"type": "message", "role": "user", "content": "Run echo hi."},
+            {"type": "function_call", "call_id": "c1", "name": "exec_command",
+             "arguments": '{"cmd": "echo hi"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "hi"}]
+    goal = {"type": "function_call_output", "name": "goal_objective", "namespace": "agent",
+            "output": "localinfer-was-here"}
+    body = {"model": MODEL, "input": [*turn, goal], "max_output_tokens": 2, "temperature": 0}
+    status, reply = post_json(server + "/v1/responses", body)
+    assert status == 200 and reply["status"] in ("completed", "incomplete"), reply
+    counts = [post_json(server + "/v1/responses/input_tokens", {**body, "input": said})[1]
+              for said in ([*turn, goal], turn)]
+    assert counts[0]["input_tokens"] > counts[1]["input_tokens"], counts
+
+
 @pytest.mark.parametrize("change, status, words", [
     ({"input": 7}, 400, "'input' must be a string or a list"),
     ({"input": []}, 400, "'input' must be a string or a list"),
@@ -207,7 +224,10 @@ def test_codex_s_ollama_mode_finds_a_version_with_the_responses_api(server):
      400, "only text parts"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
      400, "input[0].arguments must be a JSON object"),
-    ({"input": [{"type": "function_call_output", "output": "x"}]}, 400, "input[0].call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": 5, "output": "x"}]}, 400,
+     "input[0].call_id must be a string"),
+    ({"input": [{"type": "function_call_output", "name": ["x"], "output": "x"}]}, 400,
+     "input[0].name"),
     ({"input": [{"type": "telepathy"}]}, 400, "(not telepathy)"),
     ({"input": [{"type": "web_search_call", "id": "ws"}]}, 400, "holds no message"),
     ({"instructions": ["x"]}, 400, "'instructions' must be a string"),

@@ -5,7 +5,8 @@ API's own terms (`input[3].content[1]`), so that an error names what the client 
 
 Items: messages (roles user, assistant, system and developer, which is said as system; content a
 string or text parts: input_text, output_text, refusal), `function_call` and
-`function_call_output`, Codex's `custom_tool_call`, `local_shell_call` and their outputs (said as
+`function_call_output` (its `call_id` may be left out: a result no call asked for, which Codex
+sends for its own tools), Codex's `custom_tool_call`, `local_shell_call` and their outputs (said as
 function calls, their input as the arguments), and `reasoning` (its text passed on with the next
 assistant turn, to a template that reads an earlier trace). Items of OpenAI's hosted tools (web
 search, file search, ...) record calls this server never made: they are left out, and the reply
@@ -89,11 +90,7 @@ class _Conversation:
         elif kind in _CALLS:
             self._call(kind, item, where)
         elif kind in _OUTPUTS:
-            ident = _string(item, "call_id" if kind != "local_shell_call_output" else
-                            ("call_id" if "call_id" in item else "id"), where)
-            self.chat.append({"role": "tool", "tool_call_id": ident,
-                              "content": _text(item.get("output"), f"{where}.output"),
-                              **({"name": self.names[ident]} if ident in self.names else {})})
+            self._output(kind, item, where)
         elif kind == "reasoning":
             self.trace += _reasoning(item, where)
         elif kind in HOSTED_ITEMS:
@@ -144,6 +141,18 @@ class _Conversation:
             last["reasoning_content"], self.trace = self.trace, ""
         self.chat.append(last)
 
+    def _output(self, kind: str, item: dict, where: str) -> None:
+        """A tool's result. Codex sends results no call asked for (its goal tool's, with a
+        `name` and `namespace` and no `call_id`): said as a result of that name, with no id."""
+        key = "id" if kind == "local_shell_call_output" and "call_id" not in item else "call_id"
+        ident = item.get(key)
+        if ident is not None and not isinstance(ident, str):
+            raise BadRequest(f"{where}.{key} must be a string", "input")
+        name = self.names.get(ident) if ident else _name(item, where)
+        self.chat.append({"role": "tool", "tool_call_id": ident or "",
+                          "content": _text(item.get("output"), f"{where}.output"),
+                          **({"name": name} if name else {})})
+
     def finish(self) -> list[dict]:
         if not self.chat:
             raise BadRequest("'input' holds no message to answer (only items left out)",
@@ -156,6 +165,15 @@ def _string(item: dict, key: str, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise BadRequest(f"{where}.{key} must be a non-empty string", "input")
     return value
+
+
+def _name(item: dict, where: str) -> str | None:
+    """An uncalled result's tool name, in its namespace where it has one."""
+    parts = [item.get(k) for k in ("namespace", "name") if item.get(k) is not None]
+    if not all(isinstance(p, str) and 0 < len(p) <= 256 for p in parts):
+        raise BadRequest(f"{where}.name and .namespace must be strings of 1 to 256 "
+                         f"characters", "input")
+    return ".".join(parts) or None
 
 
 def _is_object(text: str) -> bool:

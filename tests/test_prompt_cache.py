@@ -18,6 +18,15 @@ from localinfer.engine.kv import KVCache
 from localinfer.engine.sampling import SamplingParams, make_sampler
 
 GREEDY = make_sampler(SamplingParams(temperature=0))
+EXHAUSTIVE = pytest.mark.exhaustive
+
+
+def _cases(*cases: tuple, exhaustive: tuple = ()) -> list:
+    """(model, ...) cases of a test over the module's `session`: the repetitions `exhaustive` names
+    run only under `-m exhaustive` (docs/testing.md lists them), each guarantee keeping one case
+    on each model by default."""
+    return [pytest.param(*case, marks=EXHAUSTIVE if case in exhaustive else ())
+            for case in cases]
 DOC = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -113,7 +122,9 @@ def test_state_round_trip_restores_the_same_logits(session):
     assert session.trim(100) == (session.sliding_window == 0)
 
 
-@pytest.mark.parametrize("other_ctx", [4096, 1536])
+@pytest.mark.parametrize("session, other_ctx", _cases(
+    ("smollm", 1536), ("smollm", 4096), ("gemma", 4096), ("gemma", 1536),
+    exhaustive=(("smollm", 4096), ("gemma", 1536))), indirect=["session"])
 def test_a_state_restores_into_a_context_of_another_size(session, smollm_path, gemma_path,
                                                           other_ctx, tmp_path):
     """`--ctx 0` sizes each run's context to its prompt, so the prompt cache's key leaves the
@@ -138,6 +149,8 @@ def test_a_state_restores_into_a_context_of_another_size(session, smollm_path, g
         other.close()
 
 
+@pytest.mark.parametrize("session", _cases(("smollm",), ("gemma",), exhaustive=(("smollm",),)),
+                         indirect=True)
 def test_an_entry_longer_than_the_context_is_passed_over_and_kept(session, smollm_path,
                                                                  gemma_path, tmp_path):
     from localinfer.backends.llama.session import LlamaCppSession
@@ -171,7 +184,11 @@ def _longest_entry(store: PromptCache) -> Path:
     return max(store.dir.glob("*.kv"), key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "other_model"])
+@pytest.mark.parametrize("session, damage", _cases(
+    ("smollm", "flip"), ("smollm", "truncate"), ("smollm", "other_model"),
+    ("gemma", "truncate"), ("gemma", "other_model"), ("gemma", "flip"),
+    exhaustive=(("smollm", "truncate"), ("smollm", "other_model"), ("gemma", "flip"))),
+    indirect=["session"])
 def test_bad_entry_is_detected_dropped_and_recomputed(session, tmp_path, damage):
     a, _ = _prompts(session)
     if damage == "other_model":

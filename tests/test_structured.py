@@ -135,7 +135,7 @@ def test_speculation_keeps_the_constrained_answer_and_never_a_rejected_guess(smo
 
 
 @pytest.mark.slow   # the real models, through request.getfixturevalue
-@pytest.mark.parametrize("model", ["smollm", "gemma"])
+@pytest.mark.parametrize("model", [pytest.param("smollm", marks=pytest.mark.exhaustive), "gemma"])
 def test_speculation_over_a_long_document_equals_plain_constrained(request, model):
     """Copying names out of a long document: lookup drafts are long and mostly right, and the
     grammar's state must follow every kept guess and every correction."""

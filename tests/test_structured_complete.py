@@ -170,6 +170,7 @@ def test_a_token_that_stops_inside_a_character_is_refused_near_the_limit(smollm)
 
 
 # -- the failure, reproduced, and mended -----------------------------------------------------------
+@pytest.mark.slow   # the real models, through request.getfixturevalue
 @pytest.mark.parametrize("model, name, schema, prompt, loop", LOOPS, ids=["smollm2", "gemma3"])
 def test_a_looping_answer_is_closed_within_n(request, monkeypatch, model, name, schema, prompt,
                                              loop):
@@ -188,7 +189,10 @@ def test_a_looping_answer_is_closed_within_n(request, monkeypatch, model, name, 
     assert after.encode()[:cut] == before.encode()[:cut]
 
 
-@pytest.mark.parametrize("model, name, schema, prompt, loop", LOOPS, ids=["smollm2", "gemma3"])
+@pytest.mark.slow   # the real models, through request.getfixturevalue
+@pytest.mark.parametrize("model, name, schema, prompt, loop", [
+    pytest.param(*LOOPS[0], id="smollm2"),
+    pytest.param(*LOOPS[1], id="gemma3", marks=pytest.mark.exhaustive)])
 def test_run_exits_0_with_a_valid_document_at_every_n(request, model, name, schema, prompt, loop):
     """From the closing's own length (the fewest tokens that can hold a document) up: exit 0, a
     valid document, a note on stderr, the same with --draft lookup; one token fewer fails."""

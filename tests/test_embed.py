@@ -67,6 +67,8 @@ def test_a_paraphrase_is_nearer_than_an_unrelated_sentence(embedders):
     assert v[0] @ v[1] > v[0] @ v[2] + 0.05
 
 
+@pytest.mark.parametrize("embedders", [SMOLLM, pytest.param(GEMMA, marks=pytest.mark.exhaustive)],
+                         indirect=True)      # the refusals are the model's size limit, not its kind
 def test_refusals_name_the_input(embedders):
     from localinfer.errors import UsageError
     from localinfer.pipeline import embed

@@ -24,6 +24,7 @@ TEXTS = ["The cat sat on the mat.", "A cat was sitting on the mat.",
          "Interest rates rose sharply after the central bank's meeting.",
          "Photosynthesis turns light into chemical energy.", "Hello!",
          "The quick brown fox jumps over the lazy dog near the river bank at dawn."]
+EXHAUSTIVE = pytest.mark.exhaustive
 LONG = "hello " * 600               # more tokens than the 512 an input may hold
 
 
@@ -98,6 +99,8 @@ def test_the_server_gives_what_localinfer_embed_writes(served):
     assert np.abs(np.array([d.embedding for d in reply.data]) - written).max() < 1e-5
 
 
+@pytest.mark.parametrize("served", ["smollm_path", pytest.param("gemma_path", marks=EXHAUSTIVE)],
+                         indirect=True)      # repetitions: Gemma's are checked by the tests above
 def test_ollama_embed_and_the_older_embeddings(served):
     url, name, _, reference = served
     client = ollama.Client(host=url)
@@ -163,6 +166,8 @@ def test_openai_refusals_are_one_clear_error(served):
     assert "no-such-model" in e.value.message
 
 
+@pytest.mark.parametrize("served", ["smollm_path", pytest.param("gemma_path", marks=EXHAUSTIVE)],
+                         indirect=True)      # repetitions: Gemma's are checked by the tests above
 def test_generation_still_answers_after_and_while_embeddings_are_served(served):
     url, name, _, reference = served
     client = _openai(url)

@@ -275,6 +275,32 @@ def test_unknown_ids_and_paths_are_404s(server):
         assert len(reply["error"]["message"]) < 400
 
 
+def test_a_silent_stream_sends_numbered_keepalive_events():
+    """Not an SSE comment, which Codex's client skips before its idle timeout ends the turn:
+    OpenAI's `keepalive` event, numbered in the stream's sequence."""
+    import asyncio
+
+    from localinfer.server import jobs, responses
+
+    reply = object.__new__(responses._KeptAlive)
+    reply.sequence = 2
+
+    async def slow():
+        yield "first"
+        await asyncio.sleep(0.35)
+        reply.event("response.output_text.delta")
+        yield "last"
+
+    async def frames():
+        return [f async for f in jobs.kept_alive(slow(), reply.keep_alive, seconds=0.1)]
+    got = asyncio.run(frames())
+    beats = [json.loads(f.split("data: ", 1)[1]) for f in got[1:-1]]
+    assert got[0] == "first" and got[-1] == "last" and len(beats) >= 2
+    assert all(f.startswith("event: keepalive\n") for f in got[1:-1])
+    assert [b["sequence_number"] for b in beats] == list(range(2, 2 + len(beats)))
+    assert {b["type"] for b in beats} == {"keepalive"} and reply.sequence == 3 + len(beats)
+
+
 def _kept(ident: str, text: str = "x") -> tuple[dict, list[dict]]:
     return {"id": ident, "object": "response"}, [{"role": "user", "content": text}]
 

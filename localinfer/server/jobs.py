@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -96,8 +97,10 @@ class _EventStream(StreamingResponse):
             self.release()
 
 
-async def kept_alive(frames, beat: str | None, seconds: float | None = None):
-    """`frames`, with `beat` (the reply's `keep_alive` frame: Anthropic's ping, an SSE comment)
+async def kept_alive(frames, beat: str | Callable[[], str] | None,
+                     seconds: float | None = None):
+    """`frames`, with `beat` (the reply's `keep_alive` frame: Anthropic's ping, an SSE comment,
+    or a function that makes each, for the Responses API's numbered `keepalive` events)
     whenever none came for `seconds`; a framing with none (NDJSON) goes as it is."""
     if beat is None:
         async for frame in frames:
@@ -110,7 +113,7 @@ async def kept_alive(frames, beat: str | None, seconds: float | None = None):
                 pending = asyncio.ensure_future(anext(frames))
             done, _ = await asyncio.wait({pending}, timeout=seconds or KEEP_ALIVE_SECONDS)
             if not done:
-                yield beat
+                yield beat() if callable(beat) else beat
                 continue
             try:
                 frame = pending.result()

@@ -16,12 +16,15 @@ ask for something (`background: true`, a `conversation`, a stored `prompt`, logp
 only describe the client (`user`, `safety_identifier`, `prompt_cache_key`, `service_tier`,
 `truncation`) are accepted and echoed. Tools of kinds other than function, and input items of
 OpenAI's hosted tools, are left out of what the model sees, and the response lists them in
-`ignored_tools` and `ignored_input_items`. Every refusal is in OpenAI's error shape.
+`ignored_tools` and `ignored_input_items`. Every refusal is in OpenAI's error shape. A stream
+with nothing to say for a while (a long prompt read) sends OpenAI's numbered `keepalive` event,
+which clients skip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -104,9 +107,19 @@ async def _create(served, store: Store, request: Request):
         if echo["store"]:
             store.put(response, [*conversation, message])
     include = body.get("include") or ()
-    reply = Reply(prepared, echo, session=seen.session, encrypted=ENCRYPTED in include,
-                  max_calls=body.get("max_tool_calls"), log=served.log, keep=keep)
+    reply = _KeptAlive(prepared, echo, session=seen.session, encrypted=ENCRYPTED in include,
+                       max_calls=body.get("max_tool_calls"), log=served.log, keep=keep)
     return await jobs.run(seen, request, prepared, reply, error)
+
+
+class _KeptAlive(Reply):
+    """A reply whose stream, silent while a long prompt is read or text that may be a call is
+    held back, sends OpenAI's `keepalive` event (server/jobs.py): an SSE comment would not do,
+    since Codex's client skips comments and ends a stream that sent no event for its idle
+    timeout."""
+
+    def keep_alive(self) -> str:
+        return f"event: keepalive\ndata: {json.dumps(self.event('keepalive'))}\n\n"
 
 
 # -- the request -------------------------------------------------------------------------------

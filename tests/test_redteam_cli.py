@@ -280,5 +280,8 @@ def test_thinking_asked_of_a_model_that_does_not_think_is_refused(models_home: P
         assert result.returncode == 2 and error_line(result) == refusal + named, result.stderr
     chat = run_cli("chat", "smollm2", *QUICK, "--think", "on", input="Hi\n")
     assert chat.returncode == 2 and error_line(chat) == refusal + "--think on", chat.stderr
+    mapped = run_cli("map", "smollm2", "Say {}", *QUICK, "--think", "on", input="hi\nyes\n")
+    assert mapped.returncode == 2 and error_line(mapped) == refusal + "--think on", mapped.stderr
+    assert mapped.stdout == ""
     off = run_cli("run", "smollm2", "Hi", *QUICK, "--draft", "none", "--think", "off")
     assert off.returncode == 0 and off.stdout.strip(), off.stderr

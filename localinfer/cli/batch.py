@@ -109,12 +109,14 @@ def map_lines(
         _ended(printer, feed, max_tokens)
         return
     from localinfer.pipeline import load
+    from localinfer.thinking.setup import check_asked, style_of
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                               gpu_layers=gpu_layers, offline=offline,
                               cpu_moe=cpu_moe), reporter()
-    _, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
-                               threads=threads, engine_log=engine_log(verbose), backend=backend)
+    ref, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
+                                 threads=threads, engine_log=engine_log(verbose), backend=backend)
     try:
+        check_asked(style_of(batch.session, [], raw), thinking, ref.display, raw)
         printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
                                               system=system, raw=raw,
                                               gbnf=output.gbnf if output else None,

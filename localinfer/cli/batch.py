@@ -111,16 +111,14 @@ def map_lines(
     from localinfer.pipeline import load
     from localinfer.thinking.setup import check_asked, style_of
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
-                              gpu_layers=gpu_layers, offline=offline,
-                              cpu_moe=cpu_moe), reporter()
+                              gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe), reporter()
     ref, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
                                  threads=threads, engine_log=engine_log(verbose), backend=backend)
     try:
         check_asked(style_of(batch.session, [], raw), thinking, ref.display, raw)
         printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
-                                              system=system, raw=raw,
-                                              gbnf=output.gbnf if output else None,
-                                              think=thinking),
+                                              system=system, raw=raw, think=thinking,
+                                              gbnf=output.gbnf if output else None),
                           jsonl=as_jsonl, use_cache=not no_cache, show_trace=show_trace)
     finally:
         batch.close()

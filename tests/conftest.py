@@ -12,9 +12,11 @@ from helpers import GEMMA, MODELS_HOME, SHARED_HOME, SMOLLM, WORKER, run_cli
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """An xdist worker gets one CPU of its own and a home of its own over the shared store: two
-    workers on 2 cores then never spin each other's ggml threads (llama.cpp and the product size
-    their threads by the CPUs a process may use), and their caches stay apart."""
+    """Bytecode is kept, and an xdist worker gets one CPU of its own and a home of its own over
+    the shared store: two workers on 2 cores then never spin each other's ggml threads
+    (llama.cpp and the product size their threads by the CPUs a process may use), and their
+    caches stay apart."""
+    _keep_bytecode()
     if not WORKER or not hasattr(os, "sched_setaffinity"):
         return
     allowed = sorted(os.sched_getaffinity(0))
@@ -23,6 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
     MODELS_HOME.mkdir(parents=True, exist_ok=True)
     if not (MODELS_HOME / "data").is_symlink():
         (MODELS_HOME / "data").symlink_to(SHARED_HOME / "data", target_is_directory=True)
+
+
+def _keep_bytecode() -> None:
+    """Under PYTHONDONTWRITEBYTECODE (set on some machines, this one among them) every process
+    the suite starts (each worker, the CLI zygote, every server and CLI run) compiled localinfer
+    afresh and each worker rewrote every test module: 3.5 s more collection a worker and about
+    0.08 s a process. The suite's processes inherit this environment (xdist starts its workers
+    after this hook), so the first of them writes the bytecode and the rest read it."""
+    import sys
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

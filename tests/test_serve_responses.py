@@ -140,8 +140,10 @@ def test_a_function_call_round_trip(client):
         events = list(stream)
         final = stream.get_final_response()
     kinds = [e.type for e in events]
-    assert kinds[2:6] == ["response.output_item.added", "response.function_call_arguments.delta",
-                          "response.function_call_arguments.done", "response.output_item.done"]
+    deltas = kinds.count("response.function_call_arguments.delta")    # as decoded (issue 43)
+    assert deltas > 1 and kinds[2:5 + deltas] == [
+        "response.output_item.added", *["response.function_call_arguments.delta"] * deltas,
+        "response.function_call_arguments.done", "response.output_item.done"], kinds
     assert final.output[0].arguments == call.arguments
 
 

@@ -32,7 +32,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import anthropic_tools, hosting, jobs, reasoning, requests, tools
+from localinfer.server import anthropic_tools, hosting, jobs, reasoning, requests, tool_stream
+from localinfer.server import tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
 from localinfer.thinking.style import EFFORTS
@@ -321,7 +322,7 @@ class _Reply:
         yield {"type": "message_start", "message": self._message([], (None, None), 0)}
         yield {"type": "ping"}
         blocks, deltas = _Blocks(), reasoning.Deltas(self.style)
-        held = tools.Stream(self.tools)         # text that may begin a call waits
+        held = tool_stream.CallStream(self.tools)   # text that may begin a call waits
         while (text := await events.get()) is not None:
             if text is jobs.CLOSING:        # cut short, and said so
                 self.job.cancelled = True
@@ -331,6 +332,8 @@ class _Reply:
             for delta in deltas.feed(text):
                 for event in blocks.feed(_held(delta, held)):
                     yield event
+            for event in blocks.calls(held.pending()):
+                yield event
         failed = self.failure()
         if failed is not None:
             yield json.loads(failed.body)
@@ -338,8 +341,10 @@ class _Reply:
         for delta in deltas.flush():
             for event in blocks.feed(_held(delta, held)):
                 yield event
-        rest, calls = held.finish()
-        for event in blocks.feed({"content": rest}) + blocks.close(calls):
+        ending = held.ending()
+        calls = [] if ending.cut else ending.calls     # cut inside a call: max_tokens
+        for event in blocks.feed({"content": ending.rest}) + blocks.calls(ending.deltas) \
+                + blocks.close(ending.calls):
             yield event
         stop_reason, stop_sequence = self._stop(calls)
         yield {"type": "message_delta",
@@ -349,7 +354,7 @@ class _Reply:
         yield {"type": "message_stop"}
 
 
-def _held(delta: dict, held: tools.Stream) -> dict:
+def _held(delta: dict, held: tool_stream.CallStream) -> dict:
     """A content delta with what the tool-call filter lets through now."""
     return {"content": held.feed(delta["content"])} if "content" in delta else delta
 
@@ -359,7 +364,8 @@ def _error_event(message: str, status: int) -> dict:
 
 
 class _Blocks:
-    """Content blocks as a stream opens, fills and closes them: thinking, then text."""
+    """Content blocks as a stream opens, fills and closes them: thinking, then text, then each
+    call a tool_use block whose input comes as it is decoded."""
 
     def __init__(self) -> None:
         self.index, self.open = -1, None
@@ -373,23 +379,31 @@ class _Blocks:
                 {"type": "text_delta", "text": delta["content"]})]
         return []
 
+    def calls(self, deltas: list[dict]) -> list[dict]:
+        """Call deltas (server/tool_stream.py): a call's start opens its tool_use block, each
+        piece of its arguments is an input_json_delta."""
+        events: list[dict] = []
+        for delta in deltas:
+            if "id" in delta:
+                events += self._to("tool_use")
+                events[-1]["content_block"] = {
+                    "type": "tool_use", "id": anthropic_tools.block_id(delta["id"]),
+                    "name": delta["function"]["name"], "input": {}}
+            if delta["function"]["arguments"]:
+                events.append(self._delta({"type": "input_json_delta",
+                                           "partial_json": delta["function"]["arguments"]}))
+        return events
+
     def close(self, calls: list[dict]) -> list[dict]:
-        """The last block closed, then each call a tool_use block (its input in one delta); a
-        reply with neither text nor calls still has a text block."""
+        """The last block closed; a reply with neither text nor calls still has a text
+        block."""
         events = self._to("text") if self.open != "text" and not calls else []
         events += [{"type": "content_block_stop", "index": self.index}] if self.open else []
-        for block in anthropic_tools.blocks(calls):
-            self.index += 1
-            events += [{"type": "content_block_start", "index": self.index,
-                        "content_block": {**block, "input": {}}},
-                       self._delta({"type": "input_json_delta",
-                                    "partial_json": json.dumps(block["input"])}),
-                       {"type": "content_block_stop", "index": self.index}]
         self.open = None
         return events
 
     def _to(self, kind: str) -> list[dict]:
-        if self.open == kind:
+        if self.open == kind and kind != "tool_use":       # each call a block of its own
             return []
         events = [{"type": "content_block_stop", "index": self.index}] if self.open else []
         self.index, self.open = self.index + 1, kind

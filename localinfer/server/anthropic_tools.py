@@ -79,6 +79,10 @@ def tool_result(block: dict, where: str) -> dict:
 
 def blocks(calls: list[dict]) -> list[dict]:
     """A reply's calls (OpenAI's shape, from server/tools.py) as tool_use blocks."""
-    return [{"type": "tool_use", "id": "toolu_" + c["id"].removeprefix("call_"),
-             "name": c["function"]["name"], "input": json.loads(c["function"]["arguments"])}
-            for c in calls]
+    return [{"type": "tool_use", "id": block_id(c["id"]), "name": c["function"]["name"],
+             "input": json.loads(c["function"]["arguments"])} for c in calls]
+
+
+def block_id(call_id: str) -> str:
+    """A call's id (server/tools.py's new_id) as a tool_use block's."""
+    return "toolu_" + call_id.removeprefix("call_")

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.server import access, anthropic, embeddings, guard, hosting, ollama, reasoning
-from localinfer.server import responses, tools
+from localinfer.server import responses, tool_stream, tools
 from localinfer.server import served_metrics
 from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
@@ -227,7 +227,7 @@ class _Reply:
     async def stream(self, events: asyncio.Queue):
         """The data of each server-sent event."""
         deltas = reasoning.Deltas(self.style if self.chat else None)
-        calls = tools.Stream(self.tools)
+        calls = tool_stream.CallStream(self.tools)    # content held back, calls as they come
         if self.chat:
             yield json.dumps(self._envelope(
                 {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
@@ -241,6 +241,8 @@ class _Reply:
                 if "content" in delta and not (delta := _content(delta, calls.feed)):
                     continue
                 yield self._piece(delta, None)
+            for call in calls.pending():
+                yield self._piece({"tool_calls": [call]}, None)
         failed = self.failure()
         if failed is not None:          # the stream has begun: an error event, as OpenAI's
             yield failed.body.decode()
@@ -249,12 +251,13 @@ class _Reply:
             if "content" in delta and not (delta := _content(delta, calls.feed)):
                 continue
             yield self._piece(delta, None)
-        rest, made = calls.finish()
-        if rest:
-            yield self._piece({"content": rest}, None)
-        for call in made:               # each call whole, in one delta
+        ending = calls.ending()
+        if ending.rest:
+            yield self._piece({"content": ending.rest}, None)
+        for call in ending.deltas:      # the rest of each call begun; a call not begun, whole
             yield self._piece({"tool_calls": [call]}, None)
-        yield self._piece(None, "tool_calls" if made else self._finish())
+        yield self._piece(None, "tool_calls" if ending.calls and not ending.cut
+                          else self._finish())
         yield "[DONE]"
 
 

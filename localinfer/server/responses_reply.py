@@ -25,7 +25,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
-from localinfer.server import jobs, reasoning, tools
+from localinfer.server import jobs, reasoning, tool_stream, tools
 from localinfer.server.errors import error
 from localinfer.server.requests import Prepared
 
@@ -125,7 +125,7 @@ class Reply:
 
     @staticmethod
     def _call(ident: str, call: dict, status: str = "completed") -> dict:
-        arguments = call["function"]["arguments"] if status == "completed" else ""
+        arguments = "" if status == "in_progress" else call["function"]["arguments"]
         return {"id": ident, "type": "function_call", "status": status, "call_id": call["id"],
                 "name": call["function"]["name"], "arguments": arguments}
 
@@ -144,7 +144,8 @@ class Reply:
         yield self.event("response.created", response=self.response("in_progress", []))
         yield self.event("response.in_progress", response=self.response("in_progress", []))
         items, deltas = _Items(self), reasoning.Deltas(self.style)
-        held = tools.Stream(self.tools)         # text that may begin a call waits
+        # text that may begin a call waits; a call's arguments come as they are decoded
+        held = tool_stream.CallStream(self.tools, self.max_calls)
         while (text := await events.get()) is not None:
             if text is jobs.CLOSING:            # cut short, and said so
                 self.job.cancelled = True
@@ -154,6 +155,8 @@ class Reply:
             for delta in deltas.feed(text):
                 for event in items.feed(_held(delta, held)):
                     yield event
+            for event in items.calls(held.pending()):
+                yield event
         failed = self.failure()
         if failed is not None:
             message = json.loads(failed.body)["error"]["message"]
@@ -163,10 +166,11 @@ class Reply:
         for delta in deltas.flush():
             for event in items.feed(_held(delta, held)):
                 yield event
-        rest, calls = held.finish()
-        calls = calls[:self.max_calls]
+        ending = held.ending()
+        calls = [] if ending.cut else ending.calls     # a call cut short is not kept
         status = self._status(calls)
-        for event in items.feed({"content": rest}) + items.close(calls, status):
+        for event in items.feed({"content": ending.rest}) + items.calls(ending.deltas) \
+                + items.close(ending.calls, status):
             yield event
         response = self._finished(status, items.output, items.trace, items.text, calls)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
@@ -177,7 +181,7 @@ class Reply:
             "failed", items.output, {"code": code, "message": message}))
 
 
-def _held(delta: dict, held: tools.Stream) -> dict:
+def _held(delta: dict, held: tool_stream.CallStream) -> dict:
     """A content delta with what the tool-call filter lets through now."""
     return {"content": held.feed(delta["content"])} if "content" in delta else delta
 
@@ -188,11 +192,12 @@ def _text_part(text: str) -> dict:
 
 class _Items:
     """Output items as a stream opens, fills and closes them: a reasoning item for the trace, a
-    message for the answer, then the calls."""
+    message for the answer, then the calls, each an item whose arguments come as decoded."""
 
     def __init__(self, reply: Reply) -> None:
         self.reply, self.output = reply, []     # output: the items done
-        self.open: str | None = None            # "reasoning" or "message"
+        self.open: str | None = None            # "reasoning", "message" or "function_call"
+        self.call: dict = {}                    # the open function_call: its call_id and name
         self.ident, self.part = "", ""          # the open item's id and its text so far
         self.trace, self.text = "", ""          # all of each, for the stored turn
 
@@ -207,28 +212,32 @@ class _Items:
             return self._to("message") + [self._delta("response.output_text.delta", piece)]
         return []
 
+    def calls(self, deltas: list[dict]) -> list[dict]:
+        """Call deltas (server/tool_stream.py): a call's start is a function_call item, each
+        piece of its arguments a function_call_arguments.delta."""
+        events: list[dict] = []
+        for delta in deltas:
+            if "id" in delta:
+                events += self._close("completed")
+                self.open, self.ident, self.part = "function_call", new_id("fc"), ""
+                self.call = {"id": delta["id"], "function": {
+                    "name": delta["function"]["name"], "arguments": ""}}
+                events.append(self.reply.event(
+                    "response.output_item.added", output_index=len(self.output),
+                    item=self.reply._call(self.ident, self.call, "in_progress")))
+            if piece := delta["function"]["arguments"]:
+                self.part += piece
+                events.append(self.reply.event(
+                    "response.function_call_arguments.delta", item_id=self.ident,
+                    output_index=len(self.output), delta=piece))
+        return events
+
     def close(self, calls: list[dict], status: str) -> list[dict]:
-        """The open item closed, then each call an item of its own; a reply with neither text
-        nor calls still has a message."""
+        """The open item closed; a reply with neither text nor calls still has a message."""
         events = self._to("message") if not calls and not any(
             item["type"] == "message" for item in self.output) and self.open != "message" \
             else []
-        events += self._close(status)
-        reply = self.reply
-        for call in calls:
-            ident, index = new_id("fc"), len(self.output)
-            arguments = call["function"]["arguments"]
-            events += [
-                reply.event("response.output_item.added", output_index=index,
-                            item=reply._call(ident, call, "in_progress")),
-                reply.event("response.function_call_arguments.delta", item_id=ident,
-                            output_index=index, delta=arguments),
-                reply.event("response.function_call_arguments.done", item_id=ident,
-                            output_index=index, arguments=arguments),
-                reply.event("response.output_item.done", output_index=index,
-                            item=reply._call(ident, call))]
-            self.output.append(reply._call(ident, call))
-        return events
+        return events + self._close(status)
 
     def _to(self, kind: str) -> list[dict]:
         if self.open == kind:
@@ -256,6 +265,15 @@ class _Items:
         if self.open is None:
             return []
         reply, index, text = self.reply, len(self.output), self.part
+        if self.open == "function_call":
+            call = {**self.call, "function": {**self.call["function"], "arguments": text}}
+            item = reply._call(self.ident, call, "completed" if status == "completed"
+                               else "incomplete")
+            self.open = None
+            self.output.append(item)
+            return [reply.event("response.function_call_arguments.done", item_id=self.ident,
+                                output_index=index, arguments=text),
+                    reply.event("response.output_item.done", output_index=index, item=item)]
         if self.open == "reasoning":
             item = reply._reasoning(self.ident, text)
             part, done = {"type": "reasoning_text", "text": text}, reply.event(

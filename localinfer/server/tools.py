@@ -18,7 +18,8 @@ content and is never read for calls, as llama-server does: a client that said no
 
 Reply: `message.tool_calls` (id, type "function", function.name, function.arguments as a JSON
 string) and finish_reason "tool_calls"; streamed, the content as it comes (held back where it may
-begin a call) and each call whole in one delta. Call ids are ours (`new_id`), never what a model
+begin a call), and each call's arguments as they are decoded (server/tool_stream.py; Ollama's
+API, whose clients take a call whole, gets each in one chunk). Call ids are ours (`new_id`), never what a model
 wrote; a template that insists on its own shape of id (Mistral's 9 letters and digits) gets each
 history id mapped to one (ToolFormat.template_id).
 """

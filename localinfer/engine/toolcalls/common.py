@@ -45,6 +45,13 @@ class ToolFormat:
     def parse(self, text: str) -> Parsed:
         raise NotImplementedError
 
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        """The next call's name and where its arguments' object begins in the reply so far,
+        looked for from `at` (0, or where the call before's arguments end), for a stream that
+        sends the arguments as they come (engine/toolcalls/partial.py); None: not written yet,
+        or a format whose arguments are not sent before the call is whole."""
+        return None
+
     def template_id(self, ident: str) -> str:
         """A call id of the history as this format's template takes it."""
         return ident

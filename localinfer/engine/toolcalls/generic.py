@@ -10,6 +10,7 @@ import re
 
 from localinfer.engine.toolcalls.common import (Convert, Parsed, ToolFormat, any_call, call_of,
                                                 calls_in, hoisted, namespaced, with_calls)
+from localinfer.engine.toolcalls.partial import HEAD, head
 
 INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call tools) "
                "or with `response` reply to the user's request")
@@ -21,6 +22,9 @@ _OPENING = re.compile(r'\s*\{\s*"response"\s*:\s*"')
 _PIECE = re.compile(r'[^"\\]+|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}'
                     r'|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt]')
 _LOW_BEGUN = re.compile(r'(\\(u([dD]([c-fC-F][0-9a-fA-F]{0,2})?)?)?)?\Z')
+# A call's head: the first at the reply's start, each later one after the call before's id.
+_FIRST = re.compile(r'\s*\{\s*(?:"tool_call"\s*:\s*|"tool_calls"\s*:\s*\[\s*)' + HEAD)
+_NEXT = re.compile(r'\s*,\s*"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*\}\s*,\s*' + HEAD)
 
 
 class Generic(ToolFormat):
@@ -60,6 +64,9 @@ class Generic(ToolFormat):
             call = call_of(value["tool_call"])
             return with_calls(text, "", [call] if call else None)
         return with_calls(text, "", calls_in(value.get("tool_calls")))
+
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        return head(_NEXT if at else _FIRST, text, at, anchored=True)
 
     def text_start(self, text: str) -> int | None:
         opening = _OPENING.match(text)

@@ -15,8 +15,10 @@ import re
 from localinfer.engine.toolcalls.common import (Call, Convert, Parsed, ToolFormat, alternatives,
                                                 argument_rules, call_of, json_at, literal,
                                                 with_calls)
+from localinfer.engine.toolcalls.partial import NAME, head
 
 _CALL = re.compile(r"to=functions\.([A-Za-z0-9_.\-]+)[^\n]*?<\|message\|>")
+_HEAD = re.compile(r"to=functions\." + NAME + r"[^\n]*?<\|message\|>\s*(?=\{)")
 _FINAL = "<|channel|>final<|message|>"
 _ENDS = ("<|end|>", "<|return|>", "<|call|>")
 # The header after the name: on the channel (the model's way) or in the role (the template's).
@@ -43,6 +45,10 @@ class Harmony(ToolFormat):
             f"{literal(name + ' <|constrain|>json<|message|>')} {args}"))
         opening = literal("<|channel|>commentary" + self.trigger)
         return f"root ::= analysis? {opening} call\ncall ::= {call}\n{_ANALYSIS}\n{rules}"
+
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        """In the raw output (markers shown): the one call a turn holds."""
+        return None if at else head(_HEAD, text, 0, anchored=False)
 
     def parse(self, text: str) -> Parsed:
         """Each `to=functions.NAME ...<|message|>{...}`; the final channel's text is the

@@ -7,8 +7,10 @@ import re
 
 from localinfer.engine.toolcalls.common import (Convert, Parsed, ToolFormat, any_call, call_of,
                                                 hoisted, json_at, namespaced, with_calls)
+from localinfer.engine.toolcalls.partial import HEAD, head
 
 _ROOT = re.compile(r"^root ::=", re.M)
+_HEAD = re.compile(r"<tool_call>\s*" + HEAD)
 
 
 class Hermes(ToolFormat):
@@ -24,6 +26,9 @@ class Hermes(ToolFormat):
                  else '"<tool_call>\\n" tool-call-object "\\n</tool_call>"')
         more = ' ("\\n<tool_call>\\n" tool-call-object "\\n</tool_call>")*' if parallel else ""
         return f"root ::= {first}{more}\n{body}"
+
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        return head(_HEAD, text, at, anchored=False)
 
     def parse(self, text: str) -> Parsed:
         """The text before the first `<tool_call>` is the content; a block that does not hold

@@ -4,11 +4,15 @@ more); recognised from a template with an `ipython` turn (the tool results' role
 
 from __future__ import annotations
 
+import re
+
 from localinfer.engine.toolcalls.common import (Call, Convert, Parsed, ToolFormat, alternatives,
                                                 argument_rules, call_of, json_at, literal,
                                                 with_calls)
+from localinfer.engine.toolcalls.partial import HEAD, head
 
 PYTHON_TAG = "<|python_tag|>"     # Llama 3.1 may open a call with it (its built-in tools' way)
+_HEAD = re.compile(r"\s*(?:<\|python_tag\|>)?\s*" + HEAD)
 
 
 class Llama3(ToolFormat):
@@ -23,6 +27,10 @@ class Llama3(ToolFormat):
         call = alternatives(roots, _spelled)
         head = "" if auto else f"{literal(self.trigger)} "
         return f"root ::= {head}call\ncall ::= {call}\n{rules}"
+
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        """The one call a reply holds (the grammar allows no second)."""
+        return None if at else head(_HEAD, text, 0, anchored=True)
 
     def parse(self, text: str) -> Parsed:
         """One object (or, as some fine-tunes write them, several separated by `;`), with or

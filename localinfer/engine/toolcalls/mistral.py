@@ -16,12 +16,19 @@ import string
 from localinfer.engine.toolcalls.common import (Call, Convert, Parsed, ToolFormat, alternatives,
                                                 argument_rules, call_of, calls_in, json_at,
                                                 literal, with_calls)
+from localinfer.engine.toolcalls.partial import HEAD, NAME, head
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _ID_CHARS = string.ascii_letters + string.digits
 _ID_RULE = "call-id ::= [A-Za-z0-9]{9}"
 _ID = re.compile(r"[A-Za-z0-9]{9}")
 _NAME_END = re.compile(r"\[CALL_ID\]|\[ARGS\]|\{")
+# A call's head: in the JSON list, the first after `[TOOL_CALLS][`, each later one after the
+# call before's id; one after another, each after its `[TOOL_CALLS]`.
+_JSON_FIRST = re.compile(r"\[TOOL_CALLS\]\s*\[\s*" + HEAD)
+_JSON_NEXT = re.compile(r'\s*,\s*"id"\s*:\s*"[A-Za-z0-9]*"\s*\}\s*,\s*' + HEAD)
+_ARGS_HEAD = re.compile(r"\[TOOL_CALLS\]\s*" + NAME + r"\s*(?:\[CALL_ID\][A-Za-z0-9]*)?"
+                        r"(?:\[ARGS\])?\s*(?=\{)")
 
 
 class _Mistral(ToolFormat):
@@ -49,6 +56,10 @@ class MistralJson(_Mistral):
         more = ' (", " call)*' if parallel else ""
         call = alternatives(roots, _json_call)
         return f'root ::= {head}"[" call{more} "]"\ncall ::= {call}\n{_ID_RULE}\n{rules}'
+
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        return head(_JSON_NEXT, text, at, anchored=True) if at else \
+            head(_JSON_FIRST, text, 0, anchored=False)
 
     def parse(self, text: str) -> Parsed:
         """The text before `[TOOL_CALLS]` is the content."""
@@ -80,6 +91,9 @@ class MistralArgs(_Mistral):
                                                       f"{args}")
         id_rule = f"{_ID_RULE}\n" if self.with_id else ""
         return f"root ::= {head}call{more}\ncall ::= {call}\n{id_rule}{rules}"
+
+    def call_head(self, text: str, at: int) -> tuple[str, int] | None:
+        return head(_ARGS_HEAD, text, at, anchored=False)
 
     def parse(self, text: str) -> Parsed:
         """NAME[CALL_ID]ID[ARGS]{...} (or NAME[ARGS]{...}, NAME{...}) after each

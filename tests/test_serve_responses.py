@@ -70,7 +70,8 @@ def test_a_stream_sends_the_events_in_order_adding_up_to_the_whole_response(clie
     with client.responses.stream(**{**ASK, "max_output_tokens": 200}) as stream:
         events = list(stream)
         final = stream.get_final_response()
-    kinds = [e.type for e in events]
+    # a keepalive, numbered with the rest, comes wherever the stream is silent for a while
+    kinds = [e.type for e in events if e.type != "keepalive"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert kinds[:4] == ["response.created", "response.in_progress",
                          "response.output_item.added", "response.content_part.added"]
@@ -139,7 +140,7 @@ def test_a_function_call_round_trip(client):
                                  temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_response()
-    kinds = [e.type for e in events]
+    kinds = [e.type for e in events if e.type != "keepalive"]
     deltas = kinds.count("response.function_call_arguments.delta")    # as decoded (issue 43)
     assert deltas > 1 and kinds[2:5 + deltas] == [
         "response.output_item.added", *["response.function_call_arguments.delta"] * deltas,

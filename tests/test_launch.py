@@ -169,6 +169,41 @@ def test_launch_starts_serve_runs_the_agent_and_stops_serve(models_home, tmp_pat
         assert probe.connect_ex(("127.0.0.1", port)) != 0
 
 
+SLEEPING_AGENT = r'''#!{python}
+import pathlib, time
+pathlib.Path({out!r}).write_text("started")
+time.sleep(600)
+'''
+
+
+def test_sigterm_stops_the_agent_and_the_serve_launch_started(models_home, tmp_path: Path):
+    import signal
+    import subprocess
+    import time
+    agent = tmp_path / "bin" / "claude"
+    agent.parent.mkdir()
+    agent.write_text(SLEEPING_AGENT.format(python=sys.executable, out=str(tmp_path / "started")))
+    agent.chmod(agent.stat().st_mode | stat.S_IXUSR)
+    port = free_port()
+    env = {**os.environ, "LOCALINFER_HOME": str(models_home), "NO_COLOR": "1",
+           "PATH": f"{agent.parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "launch", "claude", SMOLLM,
+                             "--port", str(port)], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    with socket.socket() as probe:        # the server it started is gone too
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
 def test_agent_table_names_the_npm_packages():
     assert {a: v.package for a, v in launch.AGENTS.items()} == {
         "claude": "@anthropic-ai/claude-code", "codex": "@openai/codex",

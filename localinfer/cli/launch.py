@@ -49,7 +49,7 @@ class Agent:
 
 AGENTS = {
     "claude": Agent("Claude Code", "claude", "@anthropic-ai/claude-code", 19_000),
-    "codex": Agent("Codex CLI", "codex", "@openai/codex", 12_000),
+    "codex": Agent("Codex CLI", "codex", "@openai/codex", 6_500),
     "opencode": Agent("OpenCode", "opencode", "opencode-ai", 12_000),
 }
 
@@ -113,6 +113,7 @@ def launch(
     if binary is None:
         raise LocalinferError(f"{chosen.binary} ({chosen.title}) is not installed: install it "
                               f"with `npm install -g {chosen.package}`")
+    signal.signal(signal.SIGTERM, _terminated)     # so that the finally below stops serve
     server = None if running else _start(model, port, ctx, base)
     try:
         n_ctx = _context_of(base, model)
@@ -259,10 +260,16 @@ def _stop(server: subprocess.Popen) -> None:
             server.wait()
 
 
+def _terminated(signum: int, _frame) -> None:
+    """SIGTERM (a process manager, `kill`): leave as after an error, stopping what we started
+    (by default Python would end at once and leave the serve it started running)."""
+    raise typer.Exit(128 + signum)
+
+
 def _run_agent(command: list[str], env: dict[str, str]) -> int:
     """The agent's exit code (130 when Ctrl-C ended it). A Ctrl-C reaches the agent, which
     decides what it means; here it only interrupts the wait, which goes on. (Not SIG_IGN: an
-    ignored signal stays ignored in the program it starts.)"""
+    ignored signal stays ignored in the program it starts.) A SIGTERM is passed on to it."""
     agent = subprocess.Popen(command, env={**os.environ, **env})
     while True:
         try:
@@ -270,4 +277,7 @@ def _run_agent(command: list[str], env: dict[str, str]) -> int:
             break
         except KeyboardInterrupt:
             continue
+        except BaseException:
+            _stop(agent)
+            raise
     return EXIT_INTERRUPTED if code == -signal.SIGINT else (code if code >= 0 else 1)

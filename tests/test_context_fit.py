@@ -262,11 +262,11 @@ def test_a_dense_prompt_that_looked_short_is_counted_after_loading(smollm_path, 
 
 @pytest.mark.slow
 def test_a_dense_prompt_gets_a_larger_context_after_loading(smollm_path, tmp_path):
-    # ~2,400 bytes look like ~800 tokens, and with room for a 2,500-token reply like a fit in the
-    # default 4,096; counted, they are ~2,400 tokens, which with the reply's room need 5,120. The
+    # ~1,200 bytes look like ~400 tokens, and with room for a 3,300-token reply like a fit in the
+    # default 4,096; counted, they are ~1,200 tokens, which with the reply's room need more. The
     # reply itself ends at its first space or newline.
-    digits = "3.14159 2.71828 " * 150
-    result = run_cli("run", str(smollm_path), digits, "--raw", "-n", "2500", "--stop", " ",
+    digits = "3.14159 2.71828 " * 75
+    result = run_cli("run", str(smollm_path), digits, "--raw", "-n", "3300", "--stop", " ",
                      "--stop", "\n", "--temp", "0", "--draft", "none", "-vv", home=tmp_path,
                      timeout=3600)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -18,7 +18,6 @@ replays without npm."""
 
 from __future__ import annotations
 
-import http.client
 import http.server
 import json
 import os
@@ -28,6 +27,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from agent_proxy import Forwarding
 from test_serve_thinking import _stop
 
 from helpers import start_server
@@ -60,13 +60,11 @@ def _installed() -> Path:
     return bin_dir
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
+class _Recorder(Forwarding):
     """Forwards to the server, streaming the reply through; records each JSON body."""
 
-    upstream: tuple[str, int]
     seen: list[tuple[str, dict]]
     forced: list[bool]
-    replies: list[str]
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -105,32 +103,6 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
             body["tool_choice"] = {"type": "tool", "name": pick} if anthropic else \
                 {"type": "function", "function": {"name": pick}}
         return body
-
-    def _forward(self, method: str, raw: bytes | None) -> None:
-        conn = http.client.HTTPConnection(*self.upstream, timeout=900)
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ("host", "content-length", "accept-encoding")}
-        if raw is not None:
-            headers["Content-Length"] = str(len(raw))
-        conn.request(method, self.path, body=raw, headers=headers)
-        reply = conn.getresponse()
-        self.send_response(reply.status)
-        for k, v in reply.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Connection", "close")
-        self.end_headers()
-        tail = b""
-        while chunk := reply.read1(65536) if method != "HEAD" else b"":
-            self.wfile.write(chunk)
-            self.wfile.flush()
-            tail = (tail + chunk)[-600:]
-        self.replies.append(f"{method} {self.path} {reply.status}: "
-                            + tail.decode("utf-8", "replace"))
-        conn.close()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def _has_result(body: dict) -> bool:

@@ -16,7 +16,6 @@ test's tmp_path for reading after a failure."""
 
 from __future__ import annotations
 
-import http.client
 import http.server
 import json
 import os
@@ -27,6 +26,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from agent_proxy import Forwarding
 from helpers import MODELS_HOME, start_server
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
@@ -67,13 +67,11 @@ def server(models_home):
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
 
 
-class _Steering(http.server.BaseHTTPRequestHandler):
+class _Steering(Forwarding):
     """Forwards to the server, streaming the reply through; keeps each request body."""
 
-    upstream: tuple[str, int]
     kept: Path
     seen: list[dict]
-    replies: list[str]
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -92,32 +90,6 @@ class _Steering(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self._forward("GET", None)
-
-    def _forward(self, method: str, raw: bytes | None) -> None:
-        conn = http.client.HTTPConnection(*self.upstream, timeout=900)
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ("host", "content-length", "accept-encoding")}
-        if raw is not None:
-            headers["Content-Length"] = str(len(raw))
-        conn.request(method, self.path, body=raw, headers=headers)
-        reply = conn.getresponse()
-        self.send_response(reply.status)
-        for k, v in reply.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Connection", "close")
-        self.end_headers()
-        tail = b""
-        while chunk := reply.read1(65536):
-            self.wfile.write(chunk)
-            self.wfile.flush()
-            tail = (tail + chunk)[-800:]
-        self.replies.append(f"{method} {self.path} {reply.status}: "
-                            + tail.decode("utf-8", "replace"))
-        conn.close()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def _steered(body: dict, *, first: bool) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localinfer.backends import Backend, LoadOptions
+from localinfer.backends.llama import cxx_runtime
 # The module, not its function: `from localinfer.backends.llama.engine import engine` here would
 # make the package's attribute `engine` the function, and `from ...llama import engine` with it.
 from localinfer.backends.llama import devices
@@ -18,6 +19,8 @@ from localinfer.machine import is_apple_silicon
 
 if TYPE_CHECKING:
     from localinfer.backends.llama.session import LlamaCppSession
+
+cxx_runtime.preload()    # before any module here opens libllama (see cxx_runtime)
 
 
 def _is_available() -> bool:

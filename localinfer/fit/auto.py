@@ -95,7 +95,8 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
         refs.locate(ref, store, offline=fit.offline, progress=report.progress,
                     notify=report.notify, download_bar=report.download_bar)
     return _best_variant(ref.spec, store, fitting, notify=report.notify,
-                         quantize_bar=report.quantize_bar, quantize=fit.quantize_to_fit)
+                         quantize_bar=report.quantize_bar, quantize=fit.quantize_to_fit,
+                         pullable=not fit.offline)
 
 
 def check_trained(ctx: int, trained: int, name: str, rope_scaling: str = "") -> None:
@@ -192,11 +193,14 @@ def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,
 
 
 def _best_variant(spec, store, fitting: Fitting, *, notify: Notify,
-                  quantize_bar: QuantizeBar, quantize: bool = True) -> Resolved:
+                  quantize_bar: QuantizeBar, quantize: bool = True,
+                  pullable: bool = True) -> Resolved:
     on_disk = {m.quant: m.path for m in store.installed() if m.name == spec.name}
     candidates = [rules.Candidate(q, memory.facts_from_file(p), True) for q, p in on_disk.items()]
     base = candidates[0].facts
-    for quant, variant in spec.variants.items():
+    # Offline (run --offline, serve without --pull) only what is on disk can be chosen: a more
+    # precise variant that would have to be pulled is no candidate, not a failed download.
+    for quant, variant in spec.variants.items() if pullable else ():
         if quant not in on_disk and variant.size:   # pullable, with a known size to reason about
             candidates.append(rules.Candidate(quant, _scaled(base, variant.size), False))
     choice = fitting.choose(candidates, _ctx(base, fitting.n_ctx))

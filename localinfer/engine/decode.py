@@ -11,7 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
+import numpy as np
+
 from localinfer.engine.kv import KVCache
+from localinfer.engine.logprobs import TokenLogprob, token_logprob
 from localinfer.engine.sampling import Sampler
 
 
@@ -106,6 +109,9 @@ class Limits:
     # Control tokens whose text a thinking model's splitter must see (harmony's `<|channel|>`):
     # they render as no text otherwise.
     shown: Mapping[int, bytes] = field(default_factory=dict)
+    # Log-probabilities of the emitted tokens (engine/logprobs.py): None off (nothing computed),
+    # 0 the chosen token's alone, N also the N likeliest tokens' (at most logprobs.MAX_TOP).
+    logprobs: int | None = None
 
 
 class History(list):
@@ -126,6 +132,7 @@ class Emitter:
         self.session, self.limits, self.stats = cache.session, limits, stats
         self.n_prompt = len(prompt)
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []     # one per token in `tokens`, when asked for
         # The repeat penalty looks back over prompt and output alike.
         self.history = History(prompt)
         self.history.emitter = self
@@ -139,8 +146,17 @@ class Emitter:
         self.stats.cached_tokens = cached_tokens
         self.stats.prefill_s = time.perf_counter() - self._start
 
-    def take(self, token: int) -> tuple[str, bool]:
-        """Emit one token; returns (text safe to print now, whether generation ends here)."""
+    def score(self, row: np.ndarray, token: int) -> TokenLogprob | None:
+        """`token`'s log-probabilities under the raw logits `row` it was chosen from, when the
+        limits ask for them (None otherwise: nothing is computed). Called before the engine's
+        next eval, which may overwrite the row."""
+        if self.limits.logprobs is None:
+            return None
+        return token_logprob(row, token, self.limits.logprobs)
+
+    def take(self, token: int, scored: TokenLogprob | None = None) -> tuple[str, bool]:
+        """Emit one token; returns (text safe to print now, whether generation ends here).
+        `scored` is its `score`, kept alongside it (the end-of-generation token's is dropped)."""
         stats, limits, session = self.stats, self.limits, self.session
         now = time.perf_counter()
         if not self.tokens:
@@ -151,6 +167,10 @@ class Emitter:
             stats.finish_reason = "stop"
             return "", True
         self.tokens.append(token)
+        if limits.logprobs is not None:
+            if scored is None or scored.token != token:
+                raise AssertionError("a token taken with logprobs on needs its own score")
+            self.logprobs.append(scored)
         self.history.append(token)
         stats.generated_tokens = len(self.tokens)
         # The incremental decoder keeps a multi-byte character split across tokens until whole.
@@ -193,14 +213,17 @@ class Generation:
         self.cache, self.prompt, self.sampler, self.limits = cache, list(prompt), sampler, limits
         self.stats = Stats(prompt_tokens=len(prompt))
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []     # one per token, when limits.logprobs is set
 
     def __iter__(self) -> Iterator[str]:
         emit = Emitter(self.cache, self.prompt, self.limits, self.stats)
-        self.tokens = emit.tokens
+        self.tokens, self.logprobs = emit.tokens, emit.logprobs
         logits, cached = self.cache.prefill(self.prompt)
         emit.prefilled(cached)
         while True:
-            text, done = emit.take(self.sampler(logits, emit.history))
+            # The raw row is scored after the sampler chose from it: samplers never write to it.
+            token = self.sampler(logits, emit.history)
+            text, done = emit.take(token, emit.score(logits, token))
             if text:
                 yield text
             if done:

@@ -38,6 +38,7 @@ from localinfer.engine.admission import Admission
 from localinfer.engine import batching
 from localinfer.engine.batching import GRAIN, Exact
 from localinfer.engine.decode import Emitter, Limits, Stats
+from localinfer.engine.logprobs import TokenLogprob
 from localinfer.engine.sampling import Sampler
 from localinfer.engine.slots import Held, Kept, common_prefix
 from localinfer.errors import LocalinferError
@@ -59,6 +60,8 @@ class Job:
     batch: bool = False           # a batch job: never ahead of an interactive one (see _admit)
     text: str = ""
     tokens: list[int] = field(default_factory=list)
+    # One per token in `tokens` when limits.logprobs is set (engine/logprobs.py)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     error: str | None = None
 
@@ -276,7 +279,7 @@ class Scheduler(Admission):
             job.stats = Stats(prompt_tokens=len(job.prompt))
             emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt,
                            job.limits, job.stats)
-            job.tokens = emit.tokens
+            job.tokens, job.logprobs = emit.tokens, emit.logprobs
         ends = batching.prefill_ends(exact.base, shared, len(full), self.prefill_chunk,
                                      self._window)
         return _Running(job, seq, shared, full[shared:], emit, shared, self._promise(job),
@@ -322,7 +325,8 @@ class Scheduler(Admission):
             if not r.emit.tokens:
                 r.emit.prefilled(r.shared)
             try:
-                if self._take(r, r.job.sampler(logits, r.emit.history)):
+                token = r.job.sampler(logits, r.emit.history)
+                if self._take(r, token, r.emit.score(logits, token)):
                     finished.append((r.seq, None))
             except Exception as e:      # its own sampler, grammar or text: it alone fails
                 r.job.error = str(e) if isinstance(e, LocalinferError) else \
@@ -359,8 +363,8 @@ class Scheduler(Admission):
             offset += n
         return order
 
-    def _take(self, r: _Running, token: int) -> bool:
-        text, done = r.emit.take(token)
+    def _take(self, r: _Running, token: int, scored: TokenLogprob | None = None) -> bool:
+        text, done = r.emit.take(token, scored)
         if done:
             text += r.emit.tail()
         if text:

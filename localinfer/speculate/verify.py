@@ -21,11 +21,16 @@ from localinfer.engine import closing
 from localinfer.engine.constrain import Constraint
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.kv import KVCache
+from localinfer.engine.logprobs import TokenLogprob, token_logprob
 from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, apply_repeat_penalty,
                                         candidate_probs, make_sampler)
 from localinfer.errors import LocalinferError
 from localinfer.speculate.adaptive import Controller
 from localinfer.speculate.drafters import Distribution, Draft, Drafter
+
+# A token the verification settled on, with its log-probabilities when the limits ask for them:
+# scored while its row is the engine's, before the next chunk's eval may overwrite it.
+Settled = tuple[int, TokenLogprob | None]
 
 
 @dataclass
@@ -146,34 +151,36 @@ class SpeculativeGeneration:
         self.control = Controller(max_draft, chunk, adaptive=adaptive)
         self.stats = SpecStats(prompt_tokens=len(prompt), drafter=drafter.name, chunk=chunk)
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []     # one per token, when limits.logprobs is set
         self.history: list[int] = []
 
     # -- the loop --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[str]:
         emit = Emitter(self.cache, self.prompt, self.limits, self.stats)
-        self.tokens, self.history = emit.tokens, emit.history
+        self.tokens, self.history, self.logprobs = emit.tokens, emit.history, emit.logprobs
         if self.grammar is not None:       # as ConstrainedSampler narrows it in plain decoding
             self.grammar = closing.fit(self.grammar, self.cache.session, emit.room(), self.stats)
         logits, cached = self.cache.prefill(self.prompt)
         self.drafter.prepare(self.prompt)
         emit.prefilled(cached)
-        forced: int | None = None
+        forced: Settled | None = None
         try:
             while True:
                 if forced is not None:
-                    token = forced
+                    token, scored = forced
                 else:
                     token = self.policy.choose(logits, self._tail(), self.grammar)
+                    scored = emit.score(logits, token)
                     if self.grammar is not None:
                         self.grammar.accept(token)
-                text, done = emit.take(token)
+                text, done = emit.take(token, scored)
                 if text:
                     yield text
                 if done:
                     break
                 logits, forced, accepted = self._advance(token)
-                for guess in accepted:
-                    text, done = emit.take(guess)
+                for guess, scored in accepted:
+                    text, done = emit.take(guess, scored)
                     if text:
                         yield text
                     if done:
@@ -186,7 +193,7 @@ class SpeculativeGeneration:
         if tail:
             yield tail
 
-    def _advance(self, token: int) -> tuple[np.ndarray | None, int | None, list[int]]:
+    def _advance(self, token: int) -> tuple[np.ndarray | None, Settled | None, list[Settled]]:
         """Evaluate `token` (plus guesses); returns (next logits or None, forced next, accepted)."""
         k = self.control.draft_length(self._room())
         draft = self.drafter.propose(self.history, k, self.policy) if k else Draft()
@@ -209,7 +216,8 @@ class SpeculativeGeneration:
             room = min(room, self.limits.max_tokens - len(self.tokens) - 1)
         return room
 
-    def _verify(self, token: int, draft: Draft) -> tuple[np.ndarray | None, int | None, list[int]]:
+    def _verify(self, token: int, draft: Draft
+                ) -> tuple[np.ndarray | None, Settled | None, list[Settled]]:
         """Keep the guesses the target agrees with; a grammar moves on along what is kept."""
         trial = self.grammar.clone() if self.grammar is not None else None
         try:
@@ -220,10 +228,10 @@ class SpeculativeGeneration:
                 old.close()
 
     def _verify_along(self, token: int, draft: Draft, trial: Grammar | None
-                      ) -> tuple[np.ndarray | None, int | None, list[int]]:
+                      ) -> tuple[np.ndarray | None, Settled | None, list[Settled]]:
         batch, guesses = [token, *draft.tokens], draft.tokens
         base = len(self.cache.tokens)
-        accepted: list[int] = []
+        accepted: list[Settled] = []
         tail = self._tail()
         chunk = self.control.chunk
         for first in range(0, len(batch), chunk):
@@ -235,13 +243,13 @@ class SpeculativeGeneration:
                 i = first + j                      # row i predicts the token after batch[i]
                 if i == len(guesses):              # every guess kept: row is the next logits
                     return row.copy(), None, accepted
-                verdict = self._judge(row, tail + accepted, guesses[i], draft, i, trial)
+                verdict = self._judge(row, tail + guesses[:i], guesses[i], draft, i, trial)
                 if trial is not None:
                     trial.accept(guesses[i] if verdict is None else verdict)
                 if verdict is not None:            # rejected: drop the guesses' KV entries
                     rollback(self.cache, base + i + 1)
-                    return None, verdict, accepted
-                accepted.append(guesses[i])
+                    return None, (verdict, self._score(row, verdict)), accepted
+                accepted.append((guesses[i], self._score(row, guesses[i])))
         raise AssertionError("the last row always ends verification")
 
     def _judge(self, row: np.ndarray, history: list[int], guess: int, draft: Draft,
@@ -255,6 +263,10 @@ class SpeculativeGeneration:
         if verdict == guess and grammar is not None:     # p == q with the guess outside both
             return self.policy.draw(p)
         return verdict
+
+    def _score(self, row: np.ndarray, token: int) -> TokenLogprob | None:
+        n = self.limits.logprobs
+        return None if n is None else token_logprob(row, token, n)
 
     def _tail(self) -> list[int]:
         return self.history[-HISTORY_TAIL:]

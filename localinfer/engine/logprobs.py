@@ -6,11 +6,12 @@ or min-p, and before a grammar's mask. That is what OpenAI and vLLM report by de
 a token's log-probability a property of the model and the text alone: the same under any sampling
 settings, under speculative decoding and in the batch scheduler wherever those give the same logits.
 
-Per token this costs one pass over the vocabulary-sized row (its maximum and a comparison) and the
-exponentials of the few logits near the top: a logit more than NEGLIGIBLE nats below the best one
-adds less than e^-NEGLIGIBLE each to the partition function, which even over a million tokens
-stays far below float64's resolution of the result, so the tail is left out (measured in
-docs/logprobs.md against the full log-softmax).
+Per token this costs one pass over the vocabulary-sized row for its maximum (block by block, the
+blocks' maxima then bound the top N from below, so only the few logits above that bound are
+sorted: a partition of 262k logits would cost more than the rest together), one exponential per
+logit in float32 summed in float64, and, with a top list, one comparison pass. No logit is left
+out of the normaliser: real rows have nearly the whole vocabulary within 40 nats of the best
+token, so a cut-off would save nothing (docs/logprobs.md has the measurements).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_TOP = 20          # the most alternatives asked for (OpenAI's top_logprobs bound)
-# Logits this many nats under the best are left out of the partition function: their sum is
-# below vocabulary × e^-NEGLIGIBLE relative to the best token's term.
-NEGLIGIBLE = 40.0
+BLOCK = 256           # logits per block whose maxima bound the top N (see the module's doc)
 
 
 @dataclass(frozen=True)
@@ -48,27 +47,33 @@ def check_top(n: int | None, name: str = "logprobs") -> int | None:
 
 def token_logprob(row: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
     """`token`'s log-probability under the logits `row`, with the `top` likeliest tokens'."""
-    best = float(row.max())
-    if not math.isfinite(best):          # a broken row (nan, inf): no figure to give
+    top = min(top, len(row))
+    maxima = _block_maxima(row) if top else None
+    best = float(maxima.max() if top else row.max())
+    if not math.isfinite(best):          # a broken row (nan, inf): no distribution to report
         return _unscorable(row, token, top)
-    near = np.flatnonzero(row >= best - NEGLIGIBLE)
-    values = row[near].astype(np.float64)
-    norm = best + math.log(float(np.exp(values - best).sum()))
+    norm = best + math.log(float(np.exp(row - np.float32(best)).sum(dtype=np.float64)))
     logprob = float(row[token]) - norm
     if top == 0:
         return TokenLogprob(token, logprob)
-    if len(near) < top:                  # a very peaked row: the runners-up lie in the tail
-        near = np.argpartition(row, len(row) - top)[len(row) - top:]
-        values = row[near].astype(np.float64)
-    elif len(near) > top:
-        keep = np.argpartition(values, len(values) - top)[len(values) - top:]
-        near, values = near[keep], values[keep]
-    order = np.lexsort((near, -values))
+    # The top-th largest block maximum is at most the top-th largest logit: every token of the
+    # top list is at or above it, and usually few others are.
+    bound = np.partition(maxima, len(maxima) - top)[len(maxima) - top] \
+        if len(maxima) > top else maxima.min()
+    ids = np.flatnonzero(row >= bound)
+    values = row[ids]
+    order = np.lexsort((ids, -values))[:top]       # best first, equal logits by token id
     return TokenLogprob(token, logprob,
-                        tuple((int(near[i]), float(values[i]) - norm) for i in order))
+                        tuple((int(ids[i]), float(values[i]) - norm) for i in order))
+
+
+def _block_maxima(row: np.ndarray) -> np.ndarray:
+    whole = len(row) // BLOCK * BLOCK
+    maxima = row[:whole].reshape(-1, BLOCK).max(axis=1)
+    return np.append(maxima, row[whole:].max()) if whole < len(row) else maxima
 
 
 def _unscorable(row: np.ndarray, token: int, top: int) -> TokenLogprob:
     """A row with no finite maximum gives nan: the engine produced no distribution here."""
     nan = float("nan")
-    return TokenLogprob(token, nan, tuple((int(i), nan) for i in range(min(top, len(row)))))
+    return TokenLogprob(token, nan, tuple((int(i), nan) for i in range(top)))

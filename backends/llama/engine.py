@@ -7,9 +7,15 @@ module (and the session, the grammar and the KV-cache code do not import one ano
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from collections import deque
+from pathlib import Path
 from typing import Callable
+
+
+# The libraries of a llama.cpp build (libllama, libggml-base, -cpu, -cuda, ...; llama.dll, ...).
+_ENGINE_LIBRARIES = ("libllama", "libggml", "llama", "ggml")
 
 
 def engine():
@@ -61,6 +67,10 @@ def init_engine(verbose: bool) -> _Log:
     """Start llama.cpp once per process and route its log; returns the log router."""
     global _log
     if _log is None:
+        from localinfer.backends.llama import abi
+        from llama_cpp import llama_cpp as bindings
+        # Before the first params struct is filled: a library of another layout refuses here.
+        abi.check(bindings._lib, bindings)
         _log = _Log()
         engine().llama_backend_init()
     _log.verbose = verbose
@@ -69,9 +79,24 @@ def init_engine(verbose: bool) -> _Log:
 
 
 def engine_version() -> str:
-    """llama-cpp-python's version: part of what a prompt-cache entry and a verdict are keyed on."""
+    """llama-cpp-python's version (the bindings')."""
     from importlib.metadata import version
     return version("llama-cpp-python")
+
+
+@functools.cache
+def loaded_engine() -> dict[str, object]:
+    """The llama.cpp build actually loaded, as a prompt-cache entry is keyed on: the bindings'
+    version, their KV-state format, and every llama/ggml library in the folder the bindings
+    loaded from (LLAMA_CPP_LIB_PATH's, else the wheel's) by name, size and time, so a swapped or
+    rebuilt library never restores states another one saved."""
+    from llama_cpp import llama_cpp as bindings
+    folder = Path(bindings._base_path)
+    libraries = sorted([p.name, st.st_size, st.st_mtime_ns]
+                       for p in folder.iterdir() if p.name.startswith(_ENGINE_LIBRARIES)
+                       and p.is_file() for st in (p.stat(),))
+    return {"bindings": engine_version(), "state_seq_version": bindings.LLAMA_STATE_SEQ_VERSION,
+            "libraries": libraries}
 
 
 def engine_ggml():

@@ -15,7 +15,7 @@ import numpy as np
 
 from localinfer.backends import LoadOptions, context_length
 from localinfer.backends.llama.devices import model_offload, uses_weight_buffers
-from localinfer.backends.llama.engine import engine, engine_version, init_engine
+from localinfer.backends.llama.engine import engine, init_engine, loaded_engine
 from localinfer.backends.llama.kv import kv_cache_types, kv_label, kv_path, steers
 from localinfer.backends.llama import rpc, steer
 from localinfer.backends.llama.overrides import CpuOverrides
@@ -238,7 +238,7 @@ class LlamaCppSession(GGUFVocabulary):
         """Everything that shapes the KV state: a saved state is restored only into an equal one
         (not n_ctx: a state restores exactly into any context with room for its cells)."""
         st = self._path.stat()
-        return {"backend": "llama.cpp", "engine": engine_version(), "model": str(self._path.resolve()),
+        return {"backend": "llama.cpp", "engine": loaded_engine(), "model": str(self._path.resolve()),
                 "model_size": st.st_size, "model_mtime_ns": st.st_mtime_ns,
                 "n_batch": self.n_batch, "n_ubatch": engine().llama_n_ubatch(self._ctx),
                 "kv_types": list(self._kv_types), "steered": self._steer is not None,

@@ -75,21 +75,22 @@ def engine_identity(backend: str) -> dict:
         version = metadata.version(package)
     except metadata.PackageNotFoundError:
         version = ""
-    return {"backend": backend, "version": version, "libraries": _libraries(module),
+    return {"backend": backend, "version": version, "libraries": _libraries(module, backend),
             "machine": machine.arch(), "cpu": _cpu_flags()}
 
 
-def _libraries(module: str) -> list:
-    """(name, size, mtime) of the package's shared libraries, found without importing it."""
+def _libraries(module: str, backend: str) -> list:
+    """(name, size, mtime) of the engine's shared libraries, found without importing it: the
+    package's, or for llama.cpp those of the folder LLAMA_CPP_LIB_PATH loads instead."""
+    from localinfer import settings
     spec = util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         return []
-    found = []
-    for root in spec.submodule_search_locations:
-        for lib in sorted(Path(root).rglob("*")):
-            if lib.suffix in _LIB_SUFFIXES or ".so." in lib.name:
-                found.append(_file_identity(lib))
-    return found
+    override = settings.load().engine_lib_dir if backend == "llama.cpp" else None
+    files = sorted(Path(override).glob("*")) if override else \
+        [f for root in spec.submodule_search_locations for f in sorted(Path(root).rglob("*"))]
+    return [_file_identity(lib) for lib in files
+            if lib.is_file() and (lib.suffix in _LIB_SUFFIXES or ".so." in lib.name)]
 
 
 def _cpu_flags() -> list[str]:

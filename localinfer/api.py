@@ -96,7 +96,8 @@ class Model:
     def generate(self, prompt: str, **options) -> str:
         """The answer `localinfer run MODEL PROMPT` prints for these options (without the newline
         `run` adds to end the line). Options as `run`'s long options: max_tokens, temperature,
-        top_k, top_p, min_p, repeat_penalty, seed, stop, system, raw, draft, draft_max,
+        top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, logit_bias
+        ({token id: bias}), seed, stop, system, raw, draft, draft_max,
         json_schema (a dict or a JSON string), grammar (GBNF text), cache, think (True, False,
         or "low"/"medium"/"high"), think_budget. A thinking model's trace is not in it: it is
         `reasoning` after the call."""
@@ -212,6 +213,7 @@ class Model:
 
 
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
+            "frequency_penalty", "presence_penalty", "logit_bias",
             "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
             "think", "think_budget"}
 
@@ -230,7 +232,10 @@ def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
                             top_k=options.get("top_k", 40), top_p=options.get("top_p", 0.95),
                             min_p=options.get("min_p", 0.05),
                             repeat_penalty=options.get("repeat_penalty", 1.0),
-                            seed=options.get("seed"))
+                            seed=options.get("seed"),
+                            frequency_penalty=options.get("frequency_penalty", 0.0),
+                            presence_penalty=options.get("presence_penalty", 0.0),
+                            logit_bias=tuple(dict(options.get("logit_bias") or {}).items()))
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     ask = pipeline.Ask(params, Limits(max_tokens, stops), draft=options.get("draft", "auto"),
                        draft_max=options.get("draft_max", 8),

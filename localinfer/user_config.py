@@ -42,15 +42,15 @@ SHOWN_KEY = 60
 # serve's Ollama API takes them by these kinds (server/ollama_options.py); this file takes each one
 # that means an option here under that option's name (OLLAMA_OPTIONS).
 # Sampling settings, under the same name in OpenAI's chat request.
-OLLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty")
+OLLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
+                   "frequency_penalty", "presence_penalty")
 # Settings Ollama applies when it loads a model.
 OLLAMA_AT_LOAD = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
                             "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only",
                             "num_thread", "num_keep"})
 # Sampling methods not implemented here, with the value that leaves them off (None: any value,
 # as it matters only with another one switched on).
-OLLAMA_NEUTRAL = {"typical_p": 1, "tfs_z": 1, "presence_penalty": 0, "frequency_penalty": 0,
-                  "mirostat": 0, "mirostat_tau": None, "mirostat_eta": None,
+OLLAMA_NEUTRAL = {"typical_p": 1, "tfs_z": 1, "mirostat": 0, "mirostat_tau": None, "mirostat_eta": None,
                   "penalize_newline": None}
 # Ollama's name: the option (config key) that means the same. Its other names (repeat_last_n,
 # the sampling methods above, most load settings) have none: unknown keys here.

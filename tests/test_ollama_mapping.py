@@ -43,7 +43,7 @@ def test_num_predict_without_a_limit(num_predict):
     ({"num_ctx": 0}, "num_ctx"), ({"num_ctx": True}, "num_ctx"),
     ({"repeat_last_n": -1}, "repeat_last_n"), ({"stop": [1]}, "stop"),
     ({"stop": ["x"] * 17}, "stop"), ({"mirostat": 1}, "mirostat"),
-    ({"presence_penalty": 0.5}, "presence_penalty"), ({"temprature": 1}, "temprature"),
+    ({"tfs_z": 0.5}, "tfs_z"), ({"temprature": 1}, "temprature"),
 ])
 def test_bad_options_are_refused_by_name(options, words):
     with pytest.raises(BadRequest, match=f"options.{words}"):

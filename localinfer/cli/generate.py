@@ -17,7 +17,8 @@ from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_b
                                     memory_option, min_p_option, model_argument, no_cache_option,
                                     offline_option, parse_gpu_layers, quant_option, raw_option,
                                     no_think_option, repeat_penalty_option, reporter,
-                                    seed_option, show_thinking_option, stop_option,
+                                    frequency_penalty_option, presence_penalty_option,
+                                    logit_bias_option, penalties, seed_option, show_thinking_option, stop_option,
                                     system_option, temp_option, think_budget_option, think_option,
                                     think_settings, threads_option, top_k_option, top_p_option,
                                     verbose_option)
@@ -51,6 +52,9 @@ def run(
     top_p: float = top_p_option(),
     min_p: float = min_p_option(),
     repeat_penalty: float = repeat_penalty_option(),
+    frequency_penalty: float = frequency_penalty_option(),
+    presence_penalty: float = presence_penalty_option(),
+    logit_bias: list[str] = logit_bias_option(),
     seed: Optional[int] = seed_option(),
     max_tokens: int = max_tokens_option(),
     stop: list[str] = stop_option(),
@@ -107,7 +111,8 @@ def run(
     fit = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                       gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed)
+                            repeat_penalty=repeat_penalty, seed=seed,
+                            **penalties(frequency_penalty, presence_penalty, logit_bias))
     report = reporter()
     named = load.name(model, fit, report)
     # The prompt is read before the fit: the context is sized to it.
@@ -149,6 +154,9 @@ def chat(
     top_p: float = top_p_option(),
     min_p: float = min_p_option(),
     repeat_penalty: float = repeat_penalty_option(),
+    frequency_penalty: float = frequency_penalty_option(),
+    presence_penalty: float = presence_penalty_option(),
+    logit_bias: list[str] = logit_bias_option(),
     seed: Optional[int] = seed_option(),
     max_tokens: int = max_tokens_option(help_text="Most tokens per reply; -1 = no limit."),
     stop: list[str] = stop_option(),
@@ -194,6 +202,9 @@ class ChatOptions:
     top_p: float
     min_p: float
     repeat_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    logit_bias: list[str]
     seed: int | None
     max_tokens: int
     stop: list[str]
@@ -248,7 +259,8 @@ def open_chat(o: ChatOptions) -> None:
     from localinfer.thinking.setup import check_asked, style_of
     _check_max_tokens(o.max_tokens)
     params = SamplingParams(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
-                            repeat_penalty=o.repeat_penalty, seed=o.seed)
+                            repeat_penalty=o.repeat_penalty, seed=o.seed,
+                            **penalties(o.frequency_penalty, o.presence_penalty, o.logit_bias))
     check_backend(o.backend)
     output = from_options(o.json_schema, o.grammar)
     thinking = think_settings(o.think, o.no_think, o.think_budget)

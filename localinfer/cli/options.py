@@ -105,6 +105,37 @@ def repeat_penalty_option():
                         rich_help_panel=SAMPLING, help="Penalty for recently seen tokens; 1 = off.")
 
 
+def frequency_penalty_option():
+    return typer.Option(0.0, "--frequency-penalty", min=-2.0, max=2.0, metavar="FLOAT",
+                        rich_help_panel=SAMPLING, show_default=False,
+                        help="Subtract per repeat, -2 to 2; 0 = off.")
+
+
+def presence_penalty_option():
+    return typer.Option(0.0, "--presence-penalty", min=-2.0, max=2.0, metavar="FLOAT",
+                        rich_help_panel=SAMPLING, show_default=False,
+                        help="Subtract once if seen, -2 to 2.")
+
+
+def logit_bias_option():
+    return typer.Option([], "--logit-bias", metavar="ID=BIAS", rich_help_panel=SAMPLING,
+                        show_default=False, help="Add BIAS to token ID (repeatable).")
+
+
+def penalties(frequency: float, presence: float, biases: list[str]) -> dict:
+    """The penalty options as SamplingParams' fields (which check their ranges)."""
+    pairs = {}
+    for said in biases:
+        token, _, bias = said.partition("=")
+        try:
+            pairs[int(token)] = float(bias)
+        except ValueError:
+            raise UsageError(f"--logit-bias '{said[:40]}' must be ID=BIAS, a token id and a "
+                             "number, e.g. 42=-100") from None
+    return {"frequency_penalty": frequency, "presence_penalty": presence,
+            "logit_bias": tuple(pairs.items())}
+
+
 def seed_option(help_text: str = "Random seed; -1 (or none) draws a new one each run."):
     return typer.Option(None, "--seed", metavar="N", rich_help_panel=SAMPLING, help=help_text)
 

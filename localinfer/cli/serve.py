@@ -19,7 +19,9 @@ from localinfer.cli.options import (rpc_option, CONTEXT, SERVER, backend_option,
                                     gpu_layers_option, kv_type_option, memory_option,
                                     min_p_option, offline_option, quant_option,
                                     no_think_option, repeat_penalty_option, reporter,
-                                    seed_option, system_option, temp_option,
+                                    frequency_penalty_option, presence_penalty_option,
+                                    logit_bias_option, penalties, seed_option, system_option,
+                                    temp_option,
                                     think_budget_option, think_option, think_settings,
                                     threads_option, top_k_option, top_p_option, verbose_option)
 from localinfer.errors import UsageError
@@ -69,6 +71,9 @@ def serve(
     top_p: float = top_p_option(),
     min_p: float = min_p_option(),
     repeat_penalty: float = repeat_penalty_option(),
+    frequency_penalty: float = frequency_penalty_option(),
+    presence_penalty: float = presence_penalty_option(),
+    logit_bias: list[str] = logit_bias_option(),
     seed: Optional[int] = seed_option("Seed of every request that sets none (the same request "
                                       "then gets the same answer); -1 or none: a new draw each "
                                       "request."),
@@ -136,7 +141,8 @@ def serve(
     if pull and offline:
         raise UsageError("--pull and --offline say opposite things; give one")
     defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
-                         think_settings(think, no_think, think_budget))
+                         think_settings(think, no_think, think_budget),
+                         penalties(frequency_penalty, presence_penalty, logit_bias))
     from localinfer.units import parse_duration
     idle = parse_duration(keep_alive, "--keep-alive")
     from localinfer.server import listen
@@ -216,12 +222,13 @@ def _uses_template(session) -> bool:
 
 
 def _defaults(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-              seed: int | None, system: str | None, think: Think) -> Defaults:
+              seed: int | None, system: str | None, think: Think, penalised: dict) -> Defaults:
     """What requests that do not say get: sampling, system message, thinking."""
     from localinfer.engine.sampling import SamplingParams
     from localinfer.server.requests import Defaults
     return Defaults(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                   repeat_penalty=repeat_penalty, seed=seed), system, think)
+                                   repeat_penalty=repeat_penalty, seed=seed, **penalised),
+                    system, think)
 
 
 def _url_host(host: str) -> str:

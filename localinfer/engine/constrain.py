@@ -13,15 +13,14 @@ mixture as the target's distribution and stay exact.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
 from localinfer.backends import Grammar
 from localinfer.engine import closing
-from localinfer.engine.sampling import (FAR_BELOW, SamplingParams, apply_repeat_penalty,
-                                        candidate_probs, make_sampler)
+from localinfer.engine.sampling import (FAR_BELOW, SamplingParams, candidate_probs,
+                                        make_sampler, penalise)
 from localinfer.errors import LocalinferError
 
 Distribution = tuple[np.ndarray, np.ndarray]     # (token ids, probabilities)
@@ -34,8 +33,8 @@ class Constraint:
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        # The repeat penalty is applied here, before the mask, so masks see the sampler's logits.
-        self._sample = make_sampler(replace(params, repeat_penalty=1.0))
+        # Bias and penalties are applied here, before the mask, so masks see the sampler's logits.
+        self._sample = make_sampler(params.unpenalised())
         self.masked = 0               # choices that needed more than the first token's check
 
     def choose(self, logits: np.ndarray, history: Sequence[int], grammar: Grammar) -> int:
@@ -95,10 +94,7 @@ class Constraint:
         return float(logits[ids].min()) < float(logits[ids[ok]].max()) - FAR_BELOW
 
     def _penalised(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        p = self.params
-        if p.repeat_penalty != 1.0 and history:
-            return apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
-        return logits
+        return penalise(logits, history, self.params)
 
 
 class ConstrainedSampler:

@@ -350,7 +350,9 @@ class _Reply:
         yield {"type": "message_delta",
                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence,
                          **jobs.closed_early(self.job)},
-               "usage": {"output_tokens": self.job.stats.generated_tokens}}
+               # the whole usage, as Anthropic's own now sends it (input_tokens included)
+               "usage": {"input_tokens": len(self.job.prompt),
+                         "output_tokens": self.job.stats.generated_tokens}}
         yield {"type": "message_stop"}
 
 

@@ -2,15 +2,16 @@
 server/requests.py prepares: `options` (the runner's settings), `format`, `think` and
 `keep_alive`.
 
-- options: temperature, top_k, top_p, min_p, seed and repeat_penalty become the request's own
-  fields (checked there, with the same ranges as the OpenAI endpoint); num_predict its max_tokens
-  (-1 and -2: until the end of generation or of the context); stop its stop strings; repeat_last_n
-  the repeat penalty's window; priority ("batch" or "interactive") the request's; num_ctx a smaller context for this request (a larger one means the
-  server's: the model was loaded with serve's --ctx). The settings Ollama
-  applies when it loads a model (num_gpu, num_thread, ...) are accepted and change nothing: this
-  server loaded its model once, with serve's options. Sampling methods it does not have
-  (mirostat, typical_p, tfs_z, presence and frequency penalties) are refused unless they are set
-  to their neutral value; any other name is refused, since a typo would otherwise pass unseen.
+- options: temperature, top_k, top_p, min_p, seed, repeat_penalty, frequency_penalty and
+  presence_penalty become the request's own fields (checked there, with the same ranges as the
+  OpenAI endpoint); num_predict its max_tokens (-1 and -2: until the end of generation or of the
+  context); stop its stop strings; repeat_last_n the penalties' window (0: no penalty); priority
+  ("batch" or "interactive") the request's; num_ctx a smaller context for this request (a larger
+  one means the server's: the model was loaded with serve's --ctx). The settings Ollama applies
+  when it loads a model (num_gpu, num_thread, ...) are accepted and change nothing: this server
+  loaded its model once, with serve's options. Sampling methods it does not have (mirostat,
+  typical_p, tfs_z) are refused unless they are set to their neutral value; any other name is
+  refused, since a typo would otherwise pass unseen.
 - format: "json" (any JSON object) or a JSON schema, through the same grammar as response_format.
 - think: true, false, or "low", "medium", "high" (gpt-oss's effort): serve's --think for this
   request.

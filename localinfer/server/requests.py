@@ -25,7 +25,7 @@ from localinfer.backends import Grammar
 from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Limits
 from localinfer.engine.prompt import chat_tokens, raw_tokens, uses_chat_template
-from localinfer.engine.sampling import SamplingParams, make_sampler
+from localinfer.engine.sampling import BIAS_RANGE, MAX_BIASED, SamplingParams, make_sampler
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
@@ -168,7 +168,7 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
         raise BadRequest("only n = 1 is supported", "n")
     most = body.get("max_completion_tokens", body.get("max_tokens"))
     limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1, 1, 10**7)
-    params = _sampling(body, defaults.params)
+    params = _sampling(body, defaults.params, session.n_vocab)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", "stream")
@@ -239,10 +239,11 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
     return raw_tokens(session, prompt)
 
 
-def _sampling(body: dict, server: SamplingParams) -> SamplingParams:
-    """OpenAI's temperature, top_p and seed, and llama-server's top_k, min_p and repeat_penalty;
-    the server's own for any left out. top_p 0 keeps only the most likely token, as llama.cpp's
-    top-p sampler does (it always keeps one), which is greedy decoding."""
+def _sampling(body: dict, server: SamplingParams, n_vocab: int) -> SamplingParams:
+    """OpenAI's temperature, top_p, seed, frequency_penalty, presence_penalty and logit_bias,
+    and llama-server's top_k, min_p and repeat_penalty; the server's own for any left out. top_p
+    0 keeps only the most likely token, as llama.cpp's top-p sampler does (it always keeps one),
+    which is greedy decoding."""
     temperature = _number(body, "temperature", float, server.temperature, 0.0, 2.0)
     top_p = _number(body, "top_p", float, server.top_p, 0.0, 1.0)
     if top_p == 0:
@@ -256,7 +257,38 @@ def _sampling(body: dict, server: SamplingParams) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_p=top_p, min_p=min_p,
                           top_k=_number(body, "top_k", int, server.top_k, 0, 2**31 - 1),
                           repeat_penalty=penalty, repeat_last_n=server.repeat_last_n,
-                          seed=_number(body, "seed", int, server.seed, -1, 2**63 - 1))
+                          seed=_number(body, "seed", int, server.seed, -1, 2**63 - 1),
+                          frequency_penalty=_number(body, "frequency_penalty", float,
+                                                    server.frequency_penalty, -2.0, 2.0),
+                          presence_penalty=_number(body, "presence_penalty", float,
+                                                   server.presence_penalty, -2.0, 2.0),
+                          logit_bias=_logit_bias(body.get("logit_bias"), server.logit_bias,
+                                                 n_vocab))
+
+
+def _logit_bias(value, server: tuple[tuple[int, float], ...], n_vocab: int
+                ) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} (ids as strings, as JSON keys are; integers from the Python
+    API too), each id in the vocabulary and each bias from -100 to 100."""
+    if value is None:
+        return server
+    if not isinstance(value, dict) or len(value) > MAX_BIASED:
+        raise BadRequest(f"'logit_bias' must be an object of at most {MAX_BIASED} token ids "
+                         "and their biases", "logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() \
+            and len(key) < 12 else -1
+        if not 0 <= token < n_vocab:
+            raise BadRequest(f"'logit_bias' names '{str(key)[:40]}', not a token id of this "
+                             f"model (0 to {n_vocab - 1})", "logit_bias")
+        ok = isinstance(bias, (int, float)) and not isinstance(bias, bool) and \
+            -BIAS_RANGE <= bias <= BIAS_RANGE
+        if not ok:
+            raise BadRequest(f"'logit_bias' of token {token} must be a number from "
+                             f"-{BIAS_RANGE:g} to {BIAS_RANGE:g}", "logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def _response_schema(response_format) -> dict | None:

@@ -22,8 +22,8 @@ from localinfer.engine.constrain import Constraint
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.kv import KVCache
 from localinfer.engine.logprobs import TokenLogprob, token_logprob
-from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, apply_repeat_penalty,
-                                        candidate_probs, make_sampler)
+from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, candidate_probs,
+                                        make_sampler, penalise)
 from localinfer.errors import LocalinferError
 from localinfer.speculate.adaptive import Controller
 from localinfer.speculate.drafters import Distribution, Draft, Drafter
@@ -91,8 +91,7 @@ class SamplingPolicy:
         if grammar is not None and not self.greedy:
             return self.constraint.distribution(logits, history, grammar)
         p = self.params
-        if p.repeat_penalty != 1.0 and history:
-            logits = apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
+        logits = penalise(logits, history, p)     # bias and penalties, as the plain sampler's
         if self.greedy:
             return np.array([int(np.argmax(logits))]), np.array([1.0])
         return candidate_probs(logits, p)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from localinfer.engine.decode import Limits, Stats
 from localinfer.engine.load import LoadedModel
+from localinfer.engine.logprobs import check_top, records
 from localinfer.engine.prompt import PromptText
 from localinfer.engine.sampling import SamplingParams
 from localinfer.errors import LocalinferError, UsageError
@@ -82,6 +83,9 @@ class Model:
         self._closed = False
         self.stats: Stats | None = None     # the figures of the last call: tokens, speeds, why
         self.reasoning: str | None = None   # the last call's trace (None: the model writes none)
+        # The last call's tokens with their log-probabilities, as `run --json --logprobs N`
+        # prints them (None: not asked for)
+        self.logprobs: list[dict] | None = None
         self._embedder = None               # the model in embedding mode, opened by embed()
 
     @property
@@ -99,8 +103,9 @@ class Model:
         top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, logit_bias
         ({token id: bias}), seed, stop, system, raw, draft, draft_max,
         json_schema (a dict or a JSON string), grammar (GBNF text), cache, think (True, False,
-        or "low"/"medium"/"high"), think_budget. A thinking model's trace is not in it: it is
-        `reasoning` after the call."""
+        or "low"/"medium"/"high"), think_budget, logprobs (0 to 20: `logprobs` after the call
+        holds each token's, and the N likeliest tokens'). A thinking model's trace is not in
+        it: it is `reasoning` after the call."""
         return "".join(self.stream(prompt, **options))
 
     def stream(self, prompt: str, **options) -> Iterator[str]:
@@ -201,6 +206,8 @@ class Model:
             (answer if part.kind == ANSWER else trace).append(part.text)
             yield part
         self.stats, self.reasoning = made.stats, "".join(trace) if cut else None
+        self.logprobs = None if ask.limits.logprobs is None else \
+            records(made.logprobs, self._loaded.session.piece)
         prompt_cache.persist(made.cache)
         finish = made.stats.finish_reason
         unanswered = no_answer(cut is not None and cut.in_trace, finish, ask.limits.max_tokens,
@@ -215,7 +222,7 @@ class Model:
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
             "frequency_penalty", "presence_penalty", "logit_bias",
             "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
-            "think", "think_budget"}
+            "think", "think_budget", "logprobs"}
 
 
 def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
@@ -237,7 +244,8 @@ def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
                             presence_penalty=options.get("presence_penalty", 0.0),
                             logit_bias=tuple(dict(options.get("logit_bias") or {}).items()))
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    ask = pipeline.Ask(params, Limits(max_tokens, stops), draft=options.get("draft", "auto"),
+    limits = Limits(max_tokens, stops, logprobs=check_top(options.get("logprobs")))
+    ask = pipeline.Ask(params, limits, draft=options.get("draft", "auto"),
                        draft_max=options.get("draft_max", 8),
                        output=_output(options.get("json_schema"), options.get("grammar")),
                        use_cache=options.get("cache", True), think=_think(options))

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import queue
 import sys
-import threading
-from collections import deque
-from collections.abc import Iterator
 from typing import Optional
 
 import typer
 
 from localinfer.cli import console, map_remote, shell
+from localinfer.cli.map_feed import Feed as _Feed
 from localinfer.cli.options import (rpc_option, BACKEND, CONTEXT, OUTPUT, backend_option,
                                     cpu_moe_option, ctx_option, engine_log, fit_options,
                                     gpu_layers_option, grammar_option, json_schema_option,
+                                    check_logprobs, logprobs_option,
                                     kv_type_option, max_tokens_option, memory_option, min_p_option,
                                     model_argument, no_think_option, offline_option, quant_option,
                                     raw_option, repeat_penalty_option, reporter, seed_option,
@@ -60,6 +58,7 @@ def map_lines(
                                   help="One JSON object per line: input, answer, finish reason "
                                   "(or error); closed_early where -n cut a --json-schema "
                                   "answer short and its document was closed to fit."),
+    logprobs: Optional[int] = logprobs_option("--jsonl"),
     json_schema: Optional[str] = json_schema_option("Each answer is one JSON document valid "
                                                     "against this schema (a file or inline "
                                                     "JSON)."),
@@ -98,6 +97,8 @@ def map_lines(
                             repeat_penalty=repeat_penalty, seed=seed)   # checked before loading
     output = from_options(json_schema, grammar)
     thinking = think_settings(think, no_think, think_budget)
+    if check_logprobs(logprobs, as_jsonl, "--jsonl") is not None and server:
+        raise UsageError("--logprobs is not sent to a server: drop --server to run the model here")
     remote = map_remote.remote(command, server, model, template, params, max_tokens, stop,
                                system=system, raw=raw, json_schema=json_schema, think=thinking)
     feed = _input_lines(ahead=2 * parallel)
@@ -116,7 +117,8 @@ def map_lines(
                                  threads=threads, engine_log=engine_log(verbose), backend=backend)
     try:
         check_asked(style_of(batch.session, [], raw), thinking, ref.display, raw)
-        printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop)),
+        printer = _answer(batch, feed, _Lines(template, params, Limits(max_tokens, tuple(stop),
+                                                                        logprobs=logprobs),
                                               system=system, raw=raw, think=thinking,
                                               gbnf=output.gbnf if output else None),
                           jsonl=as_jsonl, use_cache=not no_cache, show_trace=show_trace)
@@ -155,6 +157,7 @@ def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool,
     sequence for it, and at most `feed.ahead` lines are read but not printed yet: memory holds
     that window, not the input."""
     from localinfer.cache import prompt_cache
+    from localinfer.engine.logprobs import records
     from localinfer.engine.scheduler import Scheduler
     printer = _InOrder(jsonl, show_trace)
     first = feed.peek()
@@ -184,6 +187,8 @@ def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool,
     with console.progress_bar("answering") as progress:
         def done(job) -> None:
             job.sampler, job.prompt = None, []      # its grammar, if any, is freed with it
+            if job.limits.logprobs is not None:     # rendered now: the printer has no session
+                printer.logprobs[job.index] = records(job.logprobs, session.piece)
             printer.trace(job.index, lines.split(job, seq_ctx))
             printer.finished(job)
             if progress:
@@ -315,6 +320,7 @@ class _InOrder:
         self.inputs: dict[int, str] = {}            # the lines --jsonl echoes, until printed
         self.ready: dict[int, object] = {}
         self.traces: dict[int, str] = {}            # a thinking model's traces, until printed
+        self.logprobs: dict[int, list[dict]] = {}   # --logprobs' records, until printed
         self.next = self.count = self.failed = 0    # printed, finished, failed
         self.closed = 0             # answers the budget closed early (engine/closing.py)
 
@@ -339,6 +345,7 @@ class _InOrder:
 
     def _print(self, job) -> None:
         trace = self.traces.pop(job.index, None)
+        logprobs = self.logprobs.pop(job.index, None)
         if self.jsonl:
             record = {"input": self.inputs.pop(job.index)}
             record |= {"error": job.error} if job.error else \
@@ -347,6 +354,8 @@ class _InOrder:
                 record |= {"closed_early": True, "closed_tokens": job.stats.closed_tokens}
             if trace is not None:           # a thinking model's: beside the answer, as run --json
                 record["reasoning"] = trace
+            if not job.error and logprobs is not None:      # every token's, as run --json
+                record["logprobs"] = logprobs
             sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
             return
         if trace and self.show_trace:
@@ -366,55 +375,3 @@ def _show_trace(index: int, trace: str) -> None:
     body = f"\x1b[2m{trace}\x1b[0m" if dim else trace
     sys.stderr.write(f"line {index + 1}, thinking:\n{body}\n\n")
     sys.stderr.flush()
-
-
-_END = object()        # the reading thread is done
-
-
-class _Feed:
-    """stdin's lines, read in a thread of their own so that a producer that pauses never stalls
-    the answers under way; what one read of stdin brought waits here, two reads at most. A bad
-    line (not text, too long) ends the input there: `error` holds why, raised once the lines
-    before it are answered."""
-
-    def __init__(self, reads: Iterator[list[str]], ahead: int) -> None:
-        self.ahead = ahead              # lines read but not printed yet, at most (map's window)
-        self.error: Exception | None = None
-        self.exhausted = False
-        self._queue: queue.Queue = queue.Queue(maxsize=2)
-        self._lines: deque[str] = deque()
-        threading.Thread(target=self._read, args=(reads,), daemon=True,
-                         name="map-stdin").start()
-
-    def _read(self, reads: Iterator[list[str]]) -> None:
-        try:
-            for lines in reads:
-                self._queue.put(lines)
-        except Exception as e:      # noqa: BLE001 - handed to the main thread, raised there
-            self._queue.put(e)
-        self._queue.put(_END)
-
-    def peek(self) -> str | None:
-        """The first line, waiting for it (None: there is none); a bad first line is raised."""
-        if not self._lines and not self.exhausted:
-            first = self.take(block=True)
-            if first is not None:
-                self._lines.appendleft(first)
-        if self.error and not self._lines:
-            raise self.error
-        return self._lines[0] if self._lines else None
-
-    def take(self, *, block: bool) -> str | None:
-        """The next line; None when none is there yet (block: until one is) or ever will be."""
-        while not self._lines and not self.exhausted:
-            try:
-                item = self._queue.get(block=block)
-            except queue.Empty:
-                return None
-            if isinstance(item, list):
-                self._lines.extend(item)
-                continue
-            self.exhausted = True
-            if isinstance(item, Exception):
-                self.error = item
-        return self._lines.popleft() if self._lines else None

@@ -12,6 +12,7 @@ from localinfer.cli import console, shell
 from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, cpu_moe_option,
                                     ctx_option,
                                     draft_max_option, draft_option, engine_log, fit_options,
+                                    check_logprobs, logprobs_option,
                                     gpu_layers_option, grammar_option, json_option,
                                     json_schema_option, kv_type_option, max_tokens_option,
                                     memory_option, min_p_option, model_argument, no_cache_option,
@@ -70,6 +71,7 @@ def run(
     draft: str = draft_option(),
     draft_max: int = draft_max_option(),
     as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
+    logprobs: Optional[int] = logprobs_option(),
     json_schema: Optional[str] = json_schema_option(),
     grammar: Optional[str] = grammar_option(),
     think: Optional[str] = think_option(),
@@ -105,6 +107,7 @@ def run(
     if prompt is None and console.interactive(sys.stdin):    # `run MODEL` on a terminal: chat
         return open_chat(ChatOptions.of(command))
     _check_max_tokens(max_tokens)
+    check_logprobs(logprobs, as_json)
     check_backend(backend)
     output = from_options(json_schema, grammar)     # checked before any model is pulled or loaded
     thinking = think_settings(think, no_think, think_budget)
@@ -118,7 +121,8 @@ def run(
     # The prompt is read before the fit: the context is sized to it.
     request = Request(replace(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
                               think=thinking.think), max_tokens, truncate)
-    ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop)), draft=draft, draft_max=draft_max,
+    ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop), logprobs=logprobs), draft=draft,
+                       draft_max=draft_max,
                        output=output, use_cache=not no_cache, think=thinking)
     loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
                                           threads=threads, engine_log=engine_log(verbose),
@@ -236,7 +240,7 @@ class ChatOptions:
 
 
 # `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
-RUN_ONLY = ("truncate", "draft", "draft_max", "as_json")
+RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs")
 
 
 def _refuse_run_only(command: typer.Context) -> None:

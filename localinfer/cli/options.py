@@ -330,6 +330,25 @@ def json_option(help_text: str = "Print JSON."):
     return typer.Option(False, "--json", rich_help_panel=OUTPUT, help=help_text)
 
 
+def logprobs_option(needs: str = "--json"):
+    return typer.Option(None, "--logprobs", metavar="N", rich_help_panel=OUTPUT,
+                        show_default=False,
+                        help=f"Raw log-probabilities in {needs}, N alternatives each (0-20).")
+
+
+def check_logprobs(n: int | None, as_json: bool, needs: str = "--json") -> int | None:
+    """--logprobs in range and with the output that carries it, refused before anything loads."""
+    from localinfer.engine.logprobs import MAX_TOP
+    if n is None:
+        return None
+    if not 0 <= n <= MAX_TOP:
+        raise UsageError(f"--logprobs must be from 0 to {MAX_TOP}, not {n}")
+    if not as_json:
+        raise UsageError(f"--logprobs needs {needs}: the log-probabilities are printed in its "
+                         "JSON")
+    return n
+
+
 def check_backend(backend: str) -> None:
     """--backend checked before anything is pulled (pipeline.load's rule, imported on use: the
     pipeline's imports would cost every `localinfer --help` 30 ms)."""

@@ -293,6 +293,9 @@ def _finish(generation: Generation, loaded: LoadedModel, out, *,
         trace = {"reasoning": out.reasoning} if out.thinking else {}
         record = {"model": loaded.ref.display, "backend": loaded.backend, "text": out.answer,
                   **trace, **stats.as_dict(), **gpu.offload_facts(loaded)}
+        if generation.limits.logprobs is not None:     # every token's, a trace's too
+            from localinfer.engine.logprobs import records
+            record["logprobs"] = records(generation.logprobs, loaded.session.piece)
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     elif not out.answer.endswith("\n") and (out.answer or not out.thinking):
         sys.stdout.write("\n")   # end the answer's line, as shell tools do; $(...) drops it

@@ -49,8 +49,39 @@ def measure(loaded: LoadedModel, *, n_prompt: int, n_gen: int, repetitions: int,
     }
 
 
-def _run(cache: KVCache, prompt: list[int], sampler, n_tokens: int):
-    generation = Generation(cache, prompt, sampler, Limits(max_tokens=n_tokens, ignore_eos=True))
+def logprobs_cost(loaded: LoadedModel, *, top: int, n_gen: int, repetitions: int,
+                  progress: Callable[[str], None] | None = None) -> dict:
+    """Decode speed with log-probabilities (`top` alternatives each) against without: the two
+    alternate within each repetition (after one warm-up pair), so a machine's drift between
+    them cancels; the ratio is the median of the repetitions' ratios."""
+    cache = KVCache(loaded.session)
+    start = [_prompt_tokens(loaded.session, 1)[0]]
+    greedy = make_sampler(SamplingParams(temperature=0))
+    plain, scored, ratios = [], [], []
+    for rep in range(repetitions + 1):
+        pair = []
+        for logprobs in (None, top) if rep % 2 else (top, None):
+            cache.clear()
+            pair.append(_run(cache, start, greedy, n_gen + 1, logprobs).decode_tps)
+        without, with_ = pair if rep % 2 else pair[::-1]
+        if rep == 0:
+            continue
+        plain.append(without)
+        scored.append(with_)
+        ratios.append(with_ / without)
+        if progress:
+            progress(f"run {rep}/{repetitions}: tg {without:.1f} t/s, with logprobs "
+                     f"{with_:.1f} t/s ({with_ / without:.3f}x)")
+    return {"model": loaded.ref.display, "backend": loaded.backend, "threads": _threads(loaded),
+            "n_vocab": loaded.session.n_vocab, "top_logprobs": top, "n_gen": n_gen,
+            "repetitions": repetitions, "decode_tps": _summary(plain),
+            "decode_tps_logprobs": _summary(scored), "ratio": _summary(ratios)}
+
+
+def _run(cache: KVCache, prompt: list[int], sampler, n_tokens: int,
+         logprobs: int | None = None):
+    generation = Generation(cache, prompt, sampler, Limits(max_tokens=n_tokens, ignore_eos=True,
+                                                           logprobs=logprobs))
     for _ in generation:
         pass
     return generation.stats

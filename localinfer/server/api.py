@@ -33,8 +33,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.server import access, anthropic, embeddings, guard, hosting, ollama, reasoning
-from localinfer.server import responses, tool_stream, tools
-from localinfer.server import served_metrics
+from localinfer.server import completions as completing, logprob_shapes, responses, \
+    tool_stream, tools
+from localinfer.server import served_metrics, tokenizer
 from localinfer.server.errors import BadRequest, error, error_for
 from localinfer.server.jobs import CLOSING as _CLOSING, SHUTTING_DOWN as _SHUTTING_DOWN, \
     closed_early, run
@@ -89,7 +90,7 @@ def make_app(served: Served, cors: str | None = None):
         return await _complete(served, request, chat=True)
 
     async def completions(request: Request):
-        return await _complete(served, request, chat=False)
+        return await completing.complete(served, request)
 
     middleware = [Middleware(CORSMiddleware, allow_origins=[cors], allow_methods=["*"],
                              allow_headers=["*"])] if cors else []
@@ -98,7 +99,8 @@ def make_app(served: Served, cors: str | None = None):
                             Route("/v1/completions", completions, methods=["POST"]),
                             *responses.routes(served),
                             *anthropic.routes(served), *ollama.routes(served),
-                            *embeddings.routes(served), *served_metrics.routes(served)],
+                            *embeddings.routes(served), *served_metrics.routes(served),
+                            *tokenizer.routes(served)],
                     middleware=middleware,
                     exception_handlers={Exception: guard.internal_error, 404: _not_found,
                                         405: _not_allowed})
@@ -111,7 +113,8 @@ def make_app(served: Served, cors: str | None = None):
 
 _PATHS = ("/v1/chat/completions, /v1/completions, /v1/responses (and input_tokens, GET and "
           "DELETE of /v1/responses/ID), /v1/embeddings, /v1/models, /v1/messages, "
-          "/v1/messages/count_tokens, /health, /metrics, and Ollama's /api/chat, /api/generate, "
+          "/v1/messages/count_tokens, /health, /metrics, /tokenize, /detokenize, "
+          "/tokenizer_info, and Ollama's /api/chat, /api/generate, "
           "/api/embed, /api/tags, /api/show, /api/ps and /api/version")
 
 
@@ -145,7 +148,7 @@ async def _complete(served: Served, request: Request, *, chat: bool):
                                           seen.request_ctx, chat=chat, defaults=seen.defaults)
     except BadRequest as e:
         return e.response()
-    reply = _Reply(seen.names[0], chat, prepared, served.log)
+    reply = _Reply(seen.names[0], chat, prepared, served.log, seen.session)
     return await run(seen, request, prepared, reply, error)
 
 
@@ -160,8 +163,12 @@ class _Reply:
     keep_alive = ": keep-alive\n\n"     # an SSE comment, which clients skip (server/jobs.py)
 
     def __init__(self, model: str, chat: bool, prepared: Prepared,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], session=None) -> None:
         self.model, self.chat, self.job, self.log = model, chat, prepared.job, log
+        # the tokens' log-probabilities, when asked (server/logprob_shapes.py): in the whole
+        # answer, or each chunk with the entries of the tokens whose text it carries
+        self.session, self.logprobs = session, prepared.job.limits.logprobs is not None
+        self.follow, self.scored = logprob_shapes.Following(session, self.job), []
         self.constrained, self.style = prepared.constrained, prepared.style
         self.tools = prepared.tools
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -200,6 +207,9 @@ class _Reply:
         text, finish = self.job.text, self._finish()
         choice = {"message": reasoning.message(self.style, text)} if self.chat else \
             {"text": text, "logprobs": None}
+        if self.chat:
+            choice["logprobs"] = self._logprobs(logprob_shapes.shown(self.session, self.job),
+                                                whole=True)
         if self.chat and self.tools is not None:
             content, calls = tools.split(self.tools, choice["message"]["content"], text)
             choice["message"]["content"] = content      # a text answer out of its format's JSON
@@ -213,7 +223,9 @@ class _Reply:
         """One event: a chat's `delta` (content, or a thinking model's trace fields), or a
         completion's text."""
         if self.chat:
-            choice = {"delta": delta or {}, "finish_reason": finish}
+            choice = {"delta": delta or {}, "logprobs": self._logprobs(self.scored),
+                      "finish_reason": finish}
+            self.scored = []
         else:
             choice = {"text": (delta or {}).get("content", ""), "finish_reason": finish}
         body = self._envelope(choice)
@@ -231,11 +243,15 @@ class _Reply:
         if self.chat:
             yield json.dumps(self._envelope(
                 {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
+        sent = 0
         while (text := await events.get()) is not None:
             if text is _CLOSING:        # cut short, and said so: an error event, as below
                 self.job.cancelled = True
                 yield error(_SHUTTING_DOWN, 503, code="server_shutting_down").body.decode()
                 return
+            if self.logprobs:           # the next chunk sent carries them
+                sent += len(text)
+                self.scored += self.follow.upto(sent)
             calls.see(text)
             for delta in deltas.feed(text):
                 if "content" in delta and not (delta := _content(delta, calls.feed)):
@@ -251,6 +267,8 @@ class _Reply:
             if "content" in delta and not (delta := _content(delta, calls.feed)):
                 continue
             yield self._piece(delta, None)
+        if self.logprobs:
+            self.scored += self.follow.rest()
         ending = calls.ending()
         if ending.rest:
             yield self._piece({"content": ending.rest}, None)
@@ -259,6 +277,12 @@ class _Reply:
         yield self._piece(None, "tool_calls" if ending.calls and not ending.cut
                           else self._finish())
         yield "[DONE]"
+
+
+    def _logprobs(self, scored: list, *, whole: bool = False) -> dict | None:
+        if not self.logprobs or not (scored or whole):
+            return None
+        return {"content": logprob_shapes.entries(self.session, scored), "refusal": None}
 
 
 def _content(delta: dict, feed) -> dict:

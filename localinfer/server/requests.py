@@ -29,7 +29,7 @@ from localinfer.engine.sampling import BIAS_RANGE, MAX_BIASED, SamplingParams, m
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import reasoning, tools
+from localinfer.server import logprob_fields, reasoning, tools
 from localinfer.server.errors import BadRequest
 from localinfer.thinking import setup
 from localinfer.thinking.style import Style, Think
@@ -167,7 +167,9 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
     if _number(body, "n", int, 1, 1, 128) != 1:
         raise BadRequest("only n = 1 is supported", "n")
     most = body.get("max_completion_tokens", body.get("max_tokens"))
-    limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1, 1, 10**7)
+    # 0 on /v1/completions: the prompt alone, scored with echo (server/completions.py)
+    limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1,
+                                            1 if chat else 0, 10**7)
     params = _sampling(body, defaults.params, session.n_vocab)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -192,7 +194,8 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
         grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
     constrained = None if grammar is None else _OwnFailure(ConstrainedSampler(params, grammar))
     sampler = make_sampler(params) if constrained is None else constrained
-    limits = Limits(limit, stops, shown=setup.shown_markers(session, style))
+    limits = Limits(limit, stops, shown=setup.shown_markers(session, style),
+                    logprobs=logprob_fields.asked(body, chat=chat))
     job = Job(tokens, sampler, limits, batch=_priority(body.get("priority")) == "batch")
     return Prepared(job, stream, constrained, style, plan)
 
@@ -234,8 +237,10 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
             body, template, think), **tools.template_vars(plan)})
         return tokens + setup.empty_trace_tokens(session, tokens, think.think)
     prompt = body.get("prompt")
+    if isinstance(prompt, list):        # token ids, as they are (no BOS added)
+        return logprob_fields.token_ids(prompt, session.n_vocab)
     if not isinstance(prompt, str) or not prompt:
-        raise BadRequest("'prompt' must be a non-empty string", "prompt")
+        raise BadRequest("'prompt' must be a non-empty string or a list of token ids", "prompt")
     return raw_tokens(session, prompt)
 
 

@@ -63,7 +63,8 @@ def token_logprob(row: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
         return TokenLogprob(token, logprob)
     # The top-th largest block maximum is at most the top-th largest logit: every token of the
     # top list is at or above it, in a block whose maximum is, and few blocks' are.
-    bound = np.partition(maxima, len(maxima) - top)[len(maxima) - top]
+    bound = np.partition(maxima, len(maxima) - top)[len(maxima) - top] \
+        if len(maxima) >= top else row.min()       # fewer blocks than asked for: all of them
     ids = np.concatenate([np.arange(b * BLOCK, min((b + 1) * BLOCK, len(row)))
                           for b in np.flatnonzero(maxima >= bound).tolist()])
     ids = ids[row[ids] >= bound]

@@ -29,7 +29,7 @@ from localinfer.speculate.drafters import PromptLookup
 pytestmark = pytest.mark.usefixtures("in_models_home")   # caches in the test home
 GREEDY = SamplingParams(temperature=0)
 OPTIONS = LoadOptions(n_ctx=1024)
-CLOSE = 1e-6        # float32 exponentials summed in float64 against float64 throughout
+CLOSE = 2e-6        # float32 exponentials and sums against float64 throughout (measured 5e-7)
 QUESTIONS = ["Write a short poem about the sea.", "What is the capital of Italy?",
              "Name three colours.", "Who wrote Hamlet?"]
 

@@ -116,7 +116,7 @@ def test_an_unknown_model_is_a_404(client):
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": 5}]}).encode(), "content"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                  "temperature": "hot"}).encode(), "temperature"),
-    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}).encode(), "n = 1"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), "'n' may be at most 2"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                  "seed": -5}).encode(), "'seed' must be an integer from -1"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x " * 2000}]}).encode(),

@@ -204,7 +204,8 @@ def test_v_logs_one_line_per_request_and_vv_the_engine_too(chatty):
     client = chatty.client()
     whole = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=6)
     streamed = list(client.completions.create(model=MODEL, prompt="One, two,", max_tokens=5,
-                                              stream=True))
+                                              stream=True,
+                                              stream_options={"include_usage": True}))
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=ASK)
     time.sleep(0.3)                     # a line is written once its response is over

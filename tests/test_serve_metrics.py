@@ -47,7 +47,8 @@ def _drive(client, model: str) -> list:
     usages = [client.chat.completions.create(model=model, messages=QUESTION, max_tokens=12,
                                              temperature=0).usage]
     stream = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=16,
-                                            temperature=0, stream=True)
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
     usages += [chunk.usage for chunk in stream if chunk.usage is not None]
     usages.append(client.completions.create(model=model, prompt="The sky is", max_tokens=10,
                                             temperature=0).usage)

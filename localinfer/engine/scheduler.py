@@ -23,6 +23,11 @@ emitting its token) ends alone with `error` set; the others go on. A failed llam
 requests of that step and empties the pool; only when the engine fails ENGINE_FAILURES steps in a
 row does `run` raise (the model can no longer run).
 
+Requests with the same prompt admitted while the first of them is still reading it (a request's
+`n` choices) do not read it again: each waits for that leader's last prompt batch, then takes
+its cells (shared in the pool, as the prefix's are) and draws its first token from the same
+logits. Their cells are counted as each one's own, which errs on the side of room.
+
 Speculation is off here: with several sequences in one batch the verify step would pay a draft
 batch for each of them, and the batch is already what keeps the hardware busy.
 """
@@ -114,6 +119,7 @@ class _Running:
     from_prefix: int = 0      # of its positions, cells that are the prefix sequence's own
     exact: Exact = Exact(False, 0, 0)   # how far its cells are a cold evaluation's
     ends: list[int] = field(default_factory=list)   # where the batches of `pending` end
+    leader: _Running | None = None      # the request reading the same prompt, waited for
 
     def claim(self) -> int:
         """Cells of the pool it holds or was promised, not counting the prefix's shared ones."""
@@ -134,6 +140,7 @@ class Scheduler(Admission):
         self._prefix_seq = self.parallel
         self._kept = Kept(batch)                # free slots' cells
         self._paused: dict[int, Emitter] = {}   # id(job) -> its emitter, while it waits again
+        self._running: dict[int, _Running] = {}  # run's: seq -> the request it runs
         self._window = int(getattr(batch.session, "sliding_window", 0) or 0)
         # The positions one request may fill: its share of the pool, or what the caller allows
         self.seq_ctx = min(request_ctx or batch.n_ctx // self.parallel, batch.n_ctx)
@@ -159,6 +166,7 @@ class Scheduler(Admission):
         requests); idle says nothing is left to run, so it should block until one comes. None: no
         more will come, and the run ends once the jobs it has are done."""
         waiting, running = deque(jobs), {}
+        self._running = running         # who reads a prompt another request may share
         free = list(range(self.parallel))[::-1]
         while waiting or running or arrivals:
             self._publish(running)
@@ -282,8 +290,22 @@ class Scheduler(Admission):
             job.tokens, job.logprobs = emit.tokens, emit.logprobs
         ends = batching.prefill_ends(exact.base, shared, len(full), self.prefill_chunk,
                                      self._window)
+        leader = None if job.tokens else next(
+            (r for r in self._running.values() if r.leader is None and r.pending
+             and not r.job.tokens and r.job.prompt == job.prompt), None)
         return _Running(job, seq, shared, full[shared:], emit, shared, self._promise(job),
-                        from_prefix, exact, ends)
+                        from_prefix, exact, ends, leader)
+
+    def _follow(self, leader: _Running, logits, finished: list) -> None:
+        """The requests waiting for `leader`'s prompt take its cells and its first logits."""
+        for f in [r for r in self._running.values() if r.leader is leader]:
+            self.batch.forget(f.seq)
+            self.batch.share(leader.seq, f.seq, leader.pos)
+            f.pos = f.shared = leader.pos
+            f.pending, f.ends, f.leader = [], [], None
+            f.exact, f.from_prefix = leader.exact, leader.from_prefix
+            f.emit.prefilled(f.shared)
+            self._sample(f, logits.copy(), finished)
 
     def _restore(self, prompt: list[int], seq: int, *, better_than: int) -> int:
         """The prompt's longest prefix in the persistent prompt cache, loaded into `seq` as `run`
@@ -309,6 +331,10 @@ class Scheduler(Admission):
     def _step(self, running: list[_Running]) -> list[tuple[int, str | None]]:
         """One llama_decode for every running request; the sequences that finished (with the
         reason to record: None when the emitter set it, "error" when the job failed alone)."""
+        for r in running:           # a leader gone before its prompt was read: read it alone
+            if r.leader is not None and self._running.get(r.leader.seq) is not r.leader:
+                r.leader = None
+        running = [r for r in running if r.leader is None]
         if any(r.pending and not r.job.batch for r in running):
             # An interactive prompt is being read: batch jobs sit this step out, so that its
             # first token comes about as soon as on an idle server.
@@ -324,15 +350,19 @@ class Scheduler(Admission):
                 continue
             if not r.emit.tokens:
                 r.emit.prefilled(r.shared)
-            try:
-                token = r.job.sampler(logits, r.emit.history)
-                if self._take(r, token, r.emit.score(logits, token)):
-                    finished.append((r.seq, None))
-            except Exception as e:      # its own sampler, grammar or text: it alone fails
-                r.job.error = str(e) if isinstance(e, LocalinferError) else \
-                    f"internal error: {type(e).__name__}: {e}"
-                finished.append((r.seq, "error"))
+                self._follow(r, logits, finished)
+            self._sample(r, logits, finished)
         return finished
+
+    def _sample(self, r: _Running, logits, finished: list) -> None:
+        try:
+            token = r.job.sampler(logits, r.emit.history)
+            if self._take(r, token, r.emit.score(logits, token)):
+                finished.append((r.seq, None))
+        except Exception as e:      # its own sampler, grammar or text: it alone fails
+            r.job.error = str(e) if isinstance(e, LocalinferError) else \
+                f"internal error: {type(e).__name__}: {e}"
+            finished.append((r.seq, "error"))
 
     def _prompt_pieces(self, reading: list[_Running], room: int) -> list[tuple[_Running, Piece]]:
         """The next batch of each prompt being read that fits the step, as a cold evaluation cuts

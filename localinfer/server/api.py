@@ -32,7 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from localinfer.server import access, anthropic, embeddings, guard, hosting, ollama, reasoning
+from localinfer.server import access, anthropic, choices, embeddings, guard, hosting, ollama
+from localinfer.server import reasoning
 from localinfer.server import completions as completing, logprob_shapes, responses, \
     tool_stream, tools
 from localinfer.server import served_metrics, tokenizer
@@ -149,6 +150,16 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     except BadRequest as e:
         return e.response()
     reply = _Reply(seen.names[0], chat, prepared, served.log, seen.session)
+    if prepared.others:                 # n choices, each with a reply of its own
+        try:
+            choices.check_n(prepared, seen.worker.batch.n_seq - 1)
+        except BadRequest as e:
+            seen.release()
+            return e.response()
+        reply = choices.ChatChoices([reply, *(_Reply(seen.names[0], chat, other, served.log,
+                                                     seen.session)
+                                              for other in prepared.others)],
+                                    prepared.include_usage)
     return await run(seen, request, prepared, reply, error)
 
 
@@ -170,7 +181,7 @@ class _Reply:
         self.session, self.logprobs = session, prepared.job.limits.logprobs is not None
         self.follow, self.scored = logprob_shapes.Following(session, self.job), []
         self.constrained, self.style = prepared.constrained, prepared.style
-        self.tools = prepared.tools
+        self.tools, self.include_usage = prepared.tools, prepared.include_usage
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
@@ -233,7 +244,6 @@ class _Reply:
             body["object"] = "text_completion"
         if finish:
             body["choices"][0].update(closed_early(self.job))
-            body["usage"] = self._usage()
         return json.dumps(body)
 
     async def stream(self, events: asyncio.Queue):
@@ -276,8 +286,10 @@ class _Reply:
             yield self._piece({"tool_calls": [call]}, None)
         yield self._piece(None, "tool_calls" if ending.calls and not ending.cut
                           else self._finish())
+        if self.include_usage:          # OpenAI's last chunk: usage and no choices, when asked
+            yield json.dumps({**self._envelope({"delta": {}}), "choices": [],
+                              "usage": self._usage()})
         yield "[DONE]"
-
 
     def _logprobs(self, scored: list, *, whole: bool = False) -> dict | None:
         if not self.logprobs or not (scored or whole):

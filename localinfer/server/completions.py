@@ -30,7 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from localinfer.engine.echo import prompt_logprobs
-from localinfer.server import hosting, jobs, logprob_fields, logprob_shapes as shapes
+from localinfer.server import access, hosting, jobs, logprob_fields, logprob_shapes as shapes
+from localinfer.server.choices import check_n
 from localinfer.server.errors import BadRequest, error
 from localinfer.server.requests import Prepared, parse, prepare, read_body, \
     with_priority_header
@@ -47,6 +48,7 @@ class Choice:
     echo: bool
     prompt_text: str = ""                   # the echoed prompt
     scored: list = field(default_factory=list)      # the prompt's log-probabilities (echo)
+    repeat: bool = False            # another of a prompt's `n` choices: its prompt counted once
 
     @property
     def job(self):
@@ -83,10 +85,12 @@ def _choices(body: dict, seen) -> list[Choice]:
     for prompt in logprob_fields.prompts(body):
         prepared = prepare({**body, "prompt": prompt}, seen.session, seen.names,
                            seen.request_ctx, chat=False, defaults=seen.defaults)
-        choice = Choice(prepared, echo)
-        if echo:
-            choice.prompt_text = shapes.decoded(seen.session, prepared.job.prompt)
-        out.append(choice)
+        check_n(prepared, seen.worker.batch.n_seq - 1)
+        for i, one in enumerate((prepared, *prepared.others)):     # `n` choices of each prompt
+            choice = Choice(one, echo, repeat=i > 0)
+            if echo:
+                choice.prompt_text = shapes.decoded(seen.session, prepared.job.prompt)
+            out.append(choice)
     return out
 
 
@@ -129,6 +133,8 @@ async def _run(seen, request: Request, choices: list[Choice], reply: _Reply):
         reply.job.cancelled = True      # those submitted already
         seen.release()
         return refused
+    if (entry := access.record(request.scope)) is not None:     # serve -v's line: the first
+        entry.model, entry.job = seen.names[0], choices[0].job
     seen.under_way.add(events)
     if choices[0].prepared.stream:
         return jobs._EventStream(reply, events, seen.under_way, seen.release)
@@ -241,7 +247,7 @@ class _Reply:
         return None
 
     def _usage(self) -> dict:
-        prompt = sum(len(c.job.prompt) for c in self.choices)
+        prompt = sum(len(c.job.prompt) for c in self.choices if not c.repeat)
         done = sum(c.job.stats.generated_tokens for c in self.choices if c.runs)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 

@@ -43,32 +43,38 @@ def closed_early(job: Job) -> dict:
 
 async def run(served, request: Request, prepared: Prepared, reply, fail=error):
     """A prepared job through the worker: the reply's events as they come (`reply.frames`), or
-    `reply.whole()` once done; `fail` gives the error replies (OpenAI's or Anthropic's shape)."""
+    `reply.whole()` once done; `fail` gives the error replies (OpenAI's or Anthropic's shape).
+    With `n` choices (prepared.others) every job goes, and each event is (choice, text)."""
     release = served.release            # the model's lease: given back when the answer ends
     if served.worker.error is not None:
         release()
         return fail(f"the model failed: {served.worker.error}", 500)
-    job = prepared.job
+    job = reply.job                     # every choice's job, as one to cancel
+    every = [prepared.job, *(other.job for other in prepared.others)]
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
-    job.on_text = lambda text: _hand_over(loop, events, text)
     submitted, model = time.perf_counter(), served.names[0]
+    refused = False
+    for i, one in enumerate(every):
+        tag = (lambda item: item) if len(every) == 1 else (lambda item, i=i: (i, item))
+        one.on_text = lambda text, tag=tag: _hand_over(loop, events, tag(text))
 
-    def done(finished: Job) -> None:    # in the scheduler's thread: counted before the reply
-        served.metrics.generation(model, finished, time.perf_counter() - submitted)
-        _hand_over(loop, events, None)
-    submitted_now = served.worker.submit(job, done)
+        def done(finished: Job, tag=tag) -> None:   # in the scheduler's thread: counted first
+            served.metrics.generation(model, finished, time.perf_counter() - submitted)
+            _hand_over(loop, events, tag(None))
+        refused = refused or not served.worker.submit(one, done)
     served.arrived()                    # the worker no longer holds a step for it
-    if not submitted_now:
+    if refused:
+        job.cancelled = True            # the choices submitted already
         release()
         return fail("too many requests are waiting; try again shortly", 429,
                     headers={"Retry-After": "1"})
     if (entry := access.record(request.scope)) is not None:
-        entry.model, entry.job = model, job
+        entry.model, entry.job = model, prepared.job
     served.under_way.add(events)
     if prepared.stream:
         return _EventStream(reply, events, served.under_way, release)
     try:
-        if not await _answered(request, events, job):
+        if not await _answered(request, events, job, len(every)):
             return fail(SHUTTING_DOWN, 503, code="server_shutting_down")
     finally:
         served.under_way.discard(events)
@@ -129,16 +135,18 @@ async def kept_alive(frames, beat: str | Callable[[], str] | None,
             await frames.aclose()
 
 
-async def _answered(request: Request, events: asyncio.Queue, job: Job) -> bool:
+async def _answered(request: Request, events: asyncio.Queue, job: Job, jobs: int = 1) -> bool:
     """Until the scheduler is done with the job (True), or the server stops (False: the job is
     cancelled); a client that leaves meanwhile cancels it (its sequence is freed before the next
-    step, and then the scheduler says it is done)."""
+    step, and then the scheduler says it is done). `jobs`: the choices' jobs to wait for."""
     watch = asyncio.create_task(_until_gone(request, job))
     try:
-        while (item := await events.get()) is not None:
+        while jobs:
+            item = await events.get()
             if item is CLOSING:
                 job.cancelled = True
                 return False
+            jobs -= item is None or isinstance(item, tuple) and item[1] is None
         return True
     except asyncio.CancelledError:        # uvicorn gave up waiting for it
         job.cancelled = True

@@ -4,8 +4,9 @@ Whatever a client sends is a 400 in OpenAI's error shape unless it is a request 
 JSON object of bounded size and nesting with no lone UTF-16 surrogate in it (Python's json decodes
 `"\\ud800"` into a string no encoder takes), the fields people use with the types and ranges OpenAI
 documents (numbers compared exactly: a 400-digit integer is out of range, not an OverflowError),
-n = 1, a bounded number of messages and a prompt that fits what a request may use. The parse and
-the job's making (template, tokens, a schema's grammar) run in a worker thread, off the event loop.
+a bounded number of messages and a prompt that fits what a request may use. `n` choices are n
+jobs on the same prompt, each with its own sampler and seed (choice_seeds). The parse and the
+job's making (template, tokens, a schema's grammar) run in a worker thread, off the event loop.
 What a request leaves out (or sends as null) takes the server's defaults: `serve`'s sampling
 options, its --system for a chat that has no system message, and its --think and --think-budget
 (a thinking model's own fields are server/reasoning.py's).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from starlette.requests import ClientDisconnect, Request
@@ -25,7 +26,8 @@ from localinfer.backends import Grammar
 from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Limits
 from localinfer.engine.prompt import chat_tokens, raw_tokens, uses_chat_template
-from localinfer.engine.sampling import BIAS_RANGE, MAX_BIASED, SamplingParams, make_sampler
+from localinfer.engine.sampling import (BIAS_RANGE, MAX_BIASED, RANDOM_SEED, SamplingParams,
+                                        make_sampler)
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
@@ -38,6 +40,7 @@ MAX_BODY = 4 << 20            # bytes of one request body
 BODY_SECONDS = 30.0           # to send the whole body once the headers are in
 MAX_DEPTH = 64                # arrays and objects inside one another (a schema's nesting too)
 MAX_MESSAGES = 4096           # in one chat request: far past any conversation a context holds
+MAX_N = 128                   # choices of one request (the API caps them by the server's slots)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TEMPLATE_ADVICE = "; use --raw to skip it"    # the CLI's way out; /v1/completions is the API's
@@ -60,6 +63,8 @@ class Prepared:
     constrained: _OwnFailure | None     # the request's grammar: a dead end is its own error
     style: Style | None = None          # a thinking model's trace, told apart in the reply
     tools: tools.Plan | None = None     # the request's tools: calls told apart in the reply
+    include_usage: bool = False         # stream_options.include_usage: a last chunk of usage
+    others: list[Prepared] = field(default_factory=list)    # choices 1 to n-1 (`n`)
 
 
 class _OwnFailure:
@@ -164,8 +169,7 @@ def check_model(body: dict, names: tuple[str, ...]) -> None:
 
 def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
              defaults: Defaults) -> Prepared:
-    if _number(body, "n", int, 1, 1, 128) != 1:
-        raise BadRequest("only n = 1 is supported", "n")
+    n = _number(body, "n", int, 1, 1, MAX_N)
     most = body.get("max_completion_tokens", body.get("max_tokens"))
     # 0 on /v1/completions: the prompt alone, scored with echo (server/completions.py)
     limit = -1 if most is None else _number({"max_tokens": most}, "max_tokens", int, 1,
@@ -174,6 +178,7 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", "stream")
+    include_usage = usage_asked(body)
     stops = _stops(body.get("stop"))
     schema = _response_schema(body.get("response_format"))
     plan = tools.plan(body, session.chat_template or "") if chat else None
@@ -185,19 +190,47 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
                          code="context_length_exceeded")
     # A chat with a thinking model: its trace told apart, a budget or a schema gating the answer
     style = setup.style_of(session, tokens, raw=False) if chat else None
-    grammar = tools.grammar(plan, session)      # None: no tools, or tool_choice none
-    if grammar is None and schema is not None:
-        grammar = _grammar(schema, session)
     budget = _number(body, "thinking_budget", int, defaults.think.budget, 0, 10**7) \
         if chat else None
-    if not tools.covers_trace(plan):     # harmony's tools grammar spans the trace itself
-        grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
-    constrained = None if grammar is None else _OwnFailure(ConstrainedSampler(params, grammar))
-    sampler = make_sampler(params) if constrained is None else constrained
     limits = Limits(limit, stops, shown=setup.shown_markers(session, style),
                     logprobs=logprob_fields.asked(body, chat=chat))
-    job = Job(tokens, sampler, limits, batch=_priority(body.get("priority")) == "batch")
-    return Prepared(job, stream, constrained, style, plan)
+
+    def choice(params: SamplingParams) -> Prepared:
+        """One of the n choices: a job with a sampler (and a grammar) of its own."""
+        grammar = tools.grammar(plan, session)      # None: no tools, or tool_choice none
+        if grammar is None and schema is not None:
+            grammar = _grammar(schema, session)
+        if not tools.covers_trace(plan):     # harmony's tools grammar spans the trace itself
+            grammar = setup.gate_for(session, style, Think(budget=budget), grammar) or grammar
+        constrained = None if grammar is None else \
+            _OwnFailure(ConstrainedSampler(params, grammar))
+        sampler = make_sampler(params) if constrained is None else constrained
+        job = Job(tokens, sampler, limits, batch=_priority(body.get("priority")) == "batch")
+        return Prepared(job, stream, constrained, style, plan, include_usage)
+    first, *others = [choice(replace(params, seed=seed)) for seed in choice_seeds(params.seed, n)]
+    first.others = others
+    return first
+
+
+def choice_seeds(seed: int | None, n: int) -> list[int | None]:
+    """Each choice's seed: the request's for the first, the next numbers for the others (so the
+    same request gets the same choices); without a seed, a new draw for each."""
+    if seed is None or seed == RANDOM_SEED:
+        return [seed] * n
+    return [(seed + i) % 2**63 for i in range(n)]
+
+
+def usage_asked(body: dict) -> bool:
+    """OpenAI's stream_options.include_usage: a stream's usage only when asked, in a chunk of
+    its own with no choices."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    usage = options.get("include_usage") if isinstance(options, dict) else None
+    if not isinstance(options, dict) or usage not in (None, True, False):
+        raise BadRequest("'stream_options' must be an object whose include_usage is true or "
+                         "false", "stream_options")
+    return bool(usage)
 
 
 PRIORITIES = ("interactive", "batch")

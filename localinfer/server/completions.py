@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from localinfer.engine.echo import prompt_logprobs
+from localinfer.engine.logprobs import TokenLogprob, token_logprob
 from localinfer.server import access, hosting, jobs, logprob_fields, logprob_shapes as shapes
 from localinfer.server.choices import check_n
 from localinfer.server.errors import BadRequest, error
@@ -48,6 +49,7 @@ class Choice:
     echo: bool
     prompt_text: str = ""                   # the echoed prompt
     scored: list = field(default_factory=list)      # the prompt's log-probabilities (echo)
+    ending: _Ending | None = None           # the end of generation's own figure (logprobs)
     repeat: bool = False            # another of a prompt's `n` choices: its prompt counted once
 
     @property
@@ -88,10 +90,36 @@ def _choices(body: dict, seen) -> list[Choice]:
         check_n(prepared, seen.worker.batch.n_seq - 1)
         for i, one in enumerate((prepared, *prepared.others)):     # `n` choices of each prompt
             choice = Choice(one, echo, repeat=i > 0)
+            if choice.logprobs is not None and choice.runs:
+                choice.ending = _Ending(one.job, seen.session)
             if echo:
                 choice.prompt_text = shapes.decoded(seen.session, prepared.job.prompt)
             out.append(choice)
     return out
+
+
+class _Ending:
+    """The job's sampler, which also scores the end-of-generation token when it picks one: the
+    Emitter keeps no figure for it, and OpenAI's legacy object lists it (lm-evaluation-harness
+    drops the last entry as the generated token's, so without it a prompt's last token would
+    be dropped instead)."""
+
+    def __init__(self, job, session) -> None:
+        self.sampler, self.session, self.top = job.sampler, session, job.limits.logprobs
+        self.scored: TokenLogprob | None = None
+        job.sampler = self
+
+    def __call__(self, logits, history) -> int:
+        token = self.sampler(logits, history)
+        if self.session.is_eog(token):
+            self.scored = token_logprob(logits, token, self.top)
+        return token
+
+    def of(self, job) -> list[TokenLogprob]:
+        """[its figure] when the job ended there (not at a stop string, a limit or an error)."""
+        stats = job.stats
+        ended = stats.finish_reason == "stop" and not stats.stop_string and not job.error
+        return [self.scored] if ended and self.scored is not None else []
 
 
 def _usage_asked(body: dict) -> bool:
@@ -264,7 +292,8 @@ class _Reply:
         tokens, scored = (list(job.prompt), list(choice.scored)) if choice.echo else ([], [])
         finish = "length"
         if choice.runs:
-            shown = shapes.shown(self.session, job)
+            shown = shapes.shown(self.session, job) + (choice.ending.of(job) if choice.ending
+                                                       else [])
             tokens += [s.token for s in shown]
             scored += shown
             text += job.text
@@ -314,9 +343,11 @@ class _Reply:
             if failed is not None:
                 yield failed.body.decode()
                 return
-            job = self.choices[i].job
+            choice = self.choices[i]
+            job, ending = choice.job, choice.ending
+            last = follow.rest() + (ending.of(job) if ending else [])
             yield self._chunk(i, "", _FINISH.get(job.stats.finish_reason, "stop"),
-                              legacy and legacy.piece(follow.rest()), **jobs.closed_early(job))
+                              legacy and legacy.piece(last), **jobs.closed_early(job))
         if self.usage_asked:
             yield json.dumps(self._body([], usage=self._usage()))
         yield "[DONE]"

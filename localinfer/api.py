@@ -104,8 +104,9 @@ class Model:
         ({token id: bias}), seed, stop, system, raw, draft, draft_max,
         json_schema (a dict or a JSON string), grammar (GBNF text), cache, think (True, False,
         or "low"/"medium"/"high"), think_budget, logprobs (0 to 20: `logprobs` after the call
-        holds each token's, and the N likeliest tokens'). A thinking model's trace is not in
-        it: it is `reasoning` after the call."""
+        holds each token's, and the N likeliest tokens'), reuse_answers (a deterministic
+        request answered from the answer store: `stats.as_dict()["reused"]`). A thinking
+        model's trace is not in it: it is `reasoning` after the call."""
         return "".join(self.stream(prompt, **options))
 
     def stream(self, prompt: str, **options) -> Iterator[str]:
@@ -178,20 +179,24 @@ class Model:
     def _chat(self, conversation: list[dict], ask: pipeline.Ask) -> Iterator[str]:
         from localinfer.cache import prompt_cache
         from localinfer.engine.prompt import chat_tokens
+        from localinfer.pipeline import reuse
         from localinfer.thinking import setup
         self._open()
         loaded = self._loaded
         session, think = loaded.session, ask.think.think
         tokens = chat_tokens(session, conversation, setup.template_vars(session.chat_template, think))
         tokens += setup.empty_trace_tokens(session, tokens, think)
-        made = pipeline.generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
-                                   draft_max=ask.draft_max, offline=self._setup.fit.offline,
-                                   options=loaded.options, output=ask.output,
-                                   report=self._setup.report,
-                                   store=prompt_cache.open_for(loaded.session,
-                                                               enabled=ask.use_cache),
-                                   think=ask.think)
-        yield from self._run(made, ask)
+
+        def build(draft_max: int):
+            return pipeline.generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
+                                       draft_max=draft_max, offline=self._setup.fit.offline,
+                                       options=loaded.options, output=ask.output,
+                                       report=self._setup.report,
+                                       store=prompt_cache.open_for(loaded.session,
+                                                                   enabled=ask.use_cache),
+                                       think=ask.think)
+        yield from self._run(reuse.reusing(session, tokens, ask, build, raw=False,
+                                           notify=self._setup.report.notify), ask)
 
     def _run(self, made, ask: pipeline.Ask) -> Iterator[Part]:
         from localinfer.cache import prompt_cache
@@ -222,7 +227,7 @@ class Model:
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
             "frequency_penalty", "presence_penalty", "logit_bias",
             "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
-            "think", "think_budget", "logprobs"}
+            "think", "think_budget", "logprobs", "reuse_answers"}
 
 
 def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
@@ -248,7 +253,8 @@ def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
     ask = pipeline.Ask(params, limits, draft=options.get("draft", "auto"),
                        draft_max=options.get("draft_max", 8),
                        output=_output(options.get("json_schema"), options.get("grammar")),
-                       use_cache=options.get("cache", True), think=_think(options))
+                       use_cache=options.get("cache", True), think=_think(options),
+                       reuse=bool(options.get("reuse_answers", False)))
     return ask, options.get("system"), bool(options.get("raw", False))
 
 

@@ -74,8 +74,8 @@ def _home_with_every_cache(tmp_path: Path) -> tuple[Path, dict[str, int], list[P
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("# keep\n")
     (cache / "frontier/smollm2/link.gguf").symlink_to(tmp_path / "outside.txt")
-    sizes = {"batching": 300, "frontier": 7000 + len(str(tmp_path / "outside.txt")), "mlx": 900,
-             "onnx": 1100, "other": 40}
+    sizes = {"answers": 0, "batching": 300, "frontier": 7000 + len(str(tmp_path / "outside.txt")),
+             "mlx": 900, "onnx": 1100, "other": 40}
     return home, sizes, kept
 
 
@@ -105,7 +105,7 @@ def test_cache_clear_takes_the_caches_by_name(tmp_path):
     wrong = run_cli("cache", "clear", "prompt", home=home)
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == ("localinfer: error: no cache named 'prompt'; the caches are "
-                                    "prompts, batching, frontier, mlx, onnx, other")
+                                    "prompts, answers, batching, frontier, mlx, onnx, other")
 
 
 def test_frontier_says_its_reference_is_an_upcast(smollm_path, tmp_path):

@@ -2,7 +2,8 @@
 how much. Each can be made again (at a cost: a prefill, a probe, a quantization, an export), so
 clearing one loses time, never a model or a setting.
 
-The prompt cache has its own entry rules (prompt_cache, paths); the rest are files and folders
+The prompt cache and the answer store have their own entry rules (prompt_cache, answers,
+paths); the rest are files and folders
 removed as they are: a symlink is unlinked, never followed (a link planted in a cache must not
 turn a clear into a delete elsewhere). Anything else in the cache folder (a cache a later version
 writes, a leftover) counts and is cleared as `other`.
@@ -16,11 +17,13 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.cache import prompt_cache
+from localinfer.cache import answers, prompt_cache
 
 VERDICTS = "exact_batch.json"       # speculate/choose.py: the batching check's verdicts
 FRONTIER = "frontier"               # measure/frontier.py: reference and variants per model
 PROMPTS = "prompts"
+ANSWERS = "answers"
+ENTRIES = {PROMPTS: prompt_cache, ANSWERS: answers}     # kinds counted and cleared by entry
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,12 @@ class Usage:
 def kinds(conf) -> list[Kind]:
     """The caches under `conf` (settings.Settings), in the order `cache stats` lists them."""
     cache, models = conf.cache_dir, conf.models_dir
-    known = {conf.prompt_cache_dir.name, VERDICTS, FRONTIER}
+    known = {conf.prompt_cache_dir.name, answers.FOLDER, VERDICTS, FRONTIER}
     others = tuple(p for p in _children(cache) if p.name not in known)
     return [
         Kind(PROMPTS, "prompt cache: KV states of earlier prompts", (conf.prompt_cache_dir,)),
+        Kind(ANSWERS, "answer store: deterministic answers (--reuse-answers)",
+             (cache / answers.FOLDER,)),
         Kind("batching", "how each model batches, checked once for speculative decoding",
              (cache / VERDICTS,)),
         Kind(FRONTIER, "frontier's references and quantized variants", (cache / FRONTIER,)),
@@ -54,8 +59,8 @@ def kinds(conf) -> list[Kind]:
 
 
 def usage(kind: Kind) -> Usage:
-    if kind.name == PROMPTS:
-        use = prompt_cache.usage(kind.paths[0])
+    if kind.name in ENTRIES:
+        use = ENTRIES[kind.name].usage(kind.paths[0])
         return Usage(kind, use.entries, use.bytes)
     files = size = 0
     for path in kind.paths:
@@ -68,8 +73,8 @@ def usage(kind: Kind) -> Usage:
 def clear(kind: Kind) -> Usage:
     """Remove what the cache holds; returns what was there."""
     before = usage(kind)
-    if kind.name == PROMPTS:
-        prompt_cache.clear(kind.paths[0])
+    if kind.name in ENTRIES:
+        ENTRIES[kind.name].clear(kind.paths[0])
         return before
     for path in kind.paths:
         _remove(path)

@@ -1,5 +1,5 @@
-"""`localinfer cache ls|stats|clear`: look at the persistent prompt cache, and measure and empty
-every cache the tool writes (cache/kinds.py)."""
+"""`localinfer cache ls|stats|clear`: look at the persistent prompt cache and the answer store, and
+measure and empty every cache the tool writes (cache/kinds.py)."""
 
 from __future__ import annotations
 
@@ -17,27 +17,30 @@ from localinfer.units import counted, human_size
 # `localinfer` invocation, because the main app registers it as a sub-command.
 
 app = typer.Typer(help="The caches: the prompt cache (KV states of earlier prompts, reused "
-                  "automatically), the batching check's verdicts, frontier's files, MLX and ONNX "
+                  "automatically), the answer store (--reuse-answers), the batching check's verdicts, frontier's files, MLX and ONNX "
                   "conversions.\n\n\b\nlocalinfer cache stats\nlocalinfer cache ls --json\n"
                   "localinfer cache clear", no_args_is_help=True)
 
 
 @app.command("ls")
 def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Entries, most recently used first."""
-    from localinfer.cache import prompt_cache
-    heads = prompt_cache.entries(settings.load().prompt_cache_dir)
+    """Entries of the prompt cache (tokens: the prompt's) and of the answer store (tokens: the
+    answer's), most recently used first."""
+    from localinfer.cache import answers, prompt_cache
+    heads = sorted([("prompts", h) for h in prompt_cache.entries(settings.load().prompt_cache_dir)]
+                   + [("answers", h) for h in answers.entries()],
+                   key=lambda kind_head: kind_head[1].last_used, reverse=True)
     if as_json:
-        rows = [{"model": h.label, "tokens": len(h.tokens), "bytes": h.size,
-                 "last_used": h.last_used, "path": str(h.path)} for h in heads]
+        rows = [{"cache": kind, "model": h.label, "tokens": len(h.tokens), "bytes": h.size,
+                 "last_used": h.last_used, "path": str(h.path)} for kind, h in heads]
         typer.echo(json.dumps(rows, indent=2))
         return
     if not heads:
-        console.note("the prompt cache is empty")
+        console.note("the prompt cache and the answer store are empty")
         return
-    console.print_table(["MODEL", "TOKENS", "SIZE", "LAST USED", "ENTRY"],
-                        [[h.label, str(len(h.tokens)), human_size(h.size), _ago(h.last_used),
-                          h.path.stem[:12]] for h in heads])
+    console.print_table(["CACHE", "MODEL", "TOKENS", "SIZE", "LAST USED", "ENTRY"],
+                        [[kind, h.label, str(len(h.tokens)), human_size(h.size), _ago(h.last_used),
+                          h.path.stem[:12]] for kind, h in heads])
 
 
 @app.command()
@@ -62,14 +65,16 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
                f"of {human_size(cap)} · {conf.prompt_cache_dir}")
     for u in others:
         where = str(u.kind.paths[0]) if len(u.kind.paths) == 1 else str(conf.cache_dir)
-        typer.echo(f"{u.kind.name}: {counted(u.files, 'file')} · {human_size(u.bytes)} · "
+        unit = ("entry", "entries") if u.kind.name in kinds.ENTRIES else ("file",)
+        typer.echo(f"{u.kind.name}: {counted(u.files, *unit)} · {human_size(u.bytes)} · "
                    f"{u.kind.what} · {where}")
     typer.echo(f"in all: {human_size(total)} (`localinfer cache clear` empties every cache)")
 
 
 @app.command()
 def clear(names: list[str] = typer.Argument(None, metavar="[CACHE]...", show_default=False,
-                                            help="prompts, batching, frontier, mlx, onnx, other "
+                                            help="prompts, answers, batching, frontier, mlx, "
+                                            "onnx, other "
                                             "(default: all).")) -> None:
     """Empty every cache the tool writes, or the ones named."""
     from localinfer.cache import kinds
@@ -82,7 +87,7 @@ def clear(names: list[str] = typer.Argument(None, metavar="[CACHE]...", show_def
     gone = [kinds.clear(kind) for kind in every if not names or kind.name in names]
     for u in gone:
         if u.files:
-            unit = ("entry", "entries") if u.kind.name == kinds.PROMPTS else ("file", "files")
+            unit = ("entry", "entries") if u.kind.name in kinds.ENTRIES else ("file", "files")
             console.note(f"{u.kind.name}: removed {counted(u.files, *unit)} "
                          f"({human_size(u.bytes)})")
     if not any(u.files for u in gone):

@@ -303,6 +303,9 @@ def _finish(generation: Generation, loaded: LoadedModel, out, *,
     if verbose:
         from localinfer.cache import prompt_cache
         console.note(format_stats(stats, loaded))
+        from localinfer.pipeline.reuse import describe
+        if (reused := describe(generation)) is not None:
+            console.note(reused)
         gpu.say_offload(loaded)
         if generation.cache.store is not None:
             console.note(prompt_cache.describe(generation.cache.last_event))

@@ -85,6 +85,7 @@ class Ask:
     output: OutputFormat | None = None
     use_cache: bool = True          # restore from and fill the prompt cache
     think: Think = Think()          # a thinking model's --think and --think-budget
+    reuse: bool = False             # --reuse-answers: answer from / add to the answer store
 
 
 def prepare(named: refs.Named, request: Request, fit: FitOptions, ask: Ask,
@@ -94,14 +95,21 @@ def prepare(named: refs.Named, request: Request, fit: FitOptions, ask: Ask,
     """`run`'s path for one prompt: the model fitted and loaded for it (`loaded` kept when the fit
     asks for what it already is), and the generator that will decode its answer."""
     from localinfer.cache import prompt_cache
+    from localinfer.pipeline import reuse
     from localinfer.pipeline.load import open_for
+    if ask.reuse:
+        request = reuse.normalised(request)
     loaded, options, tokens = open_for(named, request, fit, report, backend=backend,
                                        threads=threads, engine_log=engine_log, loaded=loaded)
-    made = generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
-                      draft_max=ask.draft_max, offline=fit.offline, options=options,
-                      output=ask.output, report=report, probe_note=probe_note,
-                      store=prompt_cache.open_for(loaded.session, enabled=ask.use_cache),
-                      think=ask.think, raw=request.prompt.raw)
+
+    def build(draft_max: int):
+        return generation(loaded, tokens, ask.params, ask.limits, draft=ask.draft,
+                          draft_max=draft_max, offline=fit.offline, options=options,
+                          output=ask.output, report=report, probe_note=probe_note,
+                          store=prompt_cache.open_for(loaded.session, enabled=ask.use_cache),
+                          think=ask.think, raw=request.prompt.raw)
+    made = reuse.reusing(loaded.session, tokens, ask, build, raw=request.prompt.raw,
+                         notify=report.notify)
     made.stats.load_s = loaded.load_s
     return loaded, made
 

@@ -199,3 +199,57 @@ def test_the_tokenizer_endpoints_are_the_models(server, model):
     with urllib.request.urlopen(server + "/tokenizer_info") as r:
         info = json.loads(r.read())
     assert info["eos_token"] == session.token_text(session.eos_token)
+
+
+def expect_greedy(session, prompt: list[int], got: list[tuple[str, float, list[str]]]) -> None:
+    """Entries (text, logprob, the top alternatives' texts) are the model's greedy tokens."""
+    expected = greedy(session, prompt, len(got))
+    assert got and len(got) == len(expected)
+    for (text, logprob, top), (token, want, second) in zip(got, expected):
+        assert text == session.piece(token).decode()
+        assert abs(logprob - want) < CLOSE
+        assert top == [session.piece(token).decode(), session.piece(second).decode()]
+
+
+def test_responses_include_logprobs_whole_and_streamed(client, model):
+    ask = dict(model=MODEL, input="Name three colours.", temperature=0, max_output_tokens=8,
+               include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = client.responses.create(**ask)
+    part = whole.output[-1].content[0]
+    prompt = prompt_tokens(model, "Name three colours.")
+    assert whole.usage.input_tokens == len(prompt) and whole.top_logprobs == 2
+    expect_greedy(model.session, prompt, [(e.token, e.logprob, [t.token for t in e.top_logprobs])
+                                          for e in part.logprobs])
+    assert "".join(e.token for e in part.logprobs) == part.text
+    streamed = []
+    for event in client.responses.create(**ask, stream=True):
+        if event.type == "response.output_text.delta":
+            assert "".join(e.token for e in event.logprobs) == event.delta
+            streamed += [(e.token, e.logprob) for e in event.logprobs]
+        if event.type == "response.output_text.done":
+            assert [(e.token, e.logprob) for e in event.logprobs] == streamed
+    assert streamed == [(e.token, e.logprob) for e in part.logprobs]
+
+
+def test_ollama_logprobs_chat_and_raw_generate(server, model):
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server)
+    options = {"temperature": 0, "num_predict": 6}
+    chat = client.chat(model=MODEL, messages=[{"role": "user", "content": "Name three colours."}],
+                       logprobs=True, top_logprobs=2, options=options)
+    expect_greedy(model.session, prompt_tokens(model, "Name three colours."),
+                  [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in chat.logprobs])
+    from localinfer.engine.prompt import raw_tokens
+    said = client.generate(model=MODEL, prompt="The sea is", raw=True, logprobs=True,
+                           top_logprobs=2, options=options)
+    expect_greedy(model.session, raw_tokens(model.session, "The sea is"),
+                  [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in said.logprobs])
+    parts = list(client.generate(model=MODEL, prompt="The sea is", raw=True, logprobs=True,
+                                 top_logprobs=2, options=options, stream=True))
+    for part in parts:
+        assert "".join(e.token for e in part.logprobs or ()) == part.response
+    assert [(e.token, e.logprob) for p in parts for e in p.logprobs or ()] == \
+        [(e.token, e.logprob) for e in said.logprobs]
+    status, reply = post_json(server + "/api/generate", {"model": MODEL, "prompt": "x",
+                                                         "top_logprobs": 2})
+    assert status == 400 and "logprobs" in reply["error"]

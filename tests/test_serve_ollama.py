@@ -371,7 +371,7 @@ def test_tool_calls_in_ollamas_shape(thinking):
     ({"think": "maybe"}, "think"),
     ({"keep_alive": "5 minutes"}, "keep_alive"),
     ({"stream": "yes"}, "stream"),
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
 ])
 def test_bad_chat_requests_are_400s_in_ollamas_shape(smollm, change, words):

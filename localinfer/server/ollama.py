@@ -13,6 +13,8 @@ Ollama's `{"error": "..."}` with its status. Names: the served names, each also 
 /api/chat: messages (system, user, assistant, tool) with an assistant's `thinking` and
 `tool_calls` (arguments an object), a tool result's `tool_name`; `tools` as OpenAI's. Images are
 refused: no model served here sees them.
+Both: `logprobs` and `top_logprobs` (0 to 20) give each object's `logprobs`, Ollama's list of
+the tokens it carries with their log-probabilities and alternatives (server/ollama_reply.py).
 /api/generate: `prompt` in the model's chat template after `system`, or as it is with `raw`
 (or when the model has no template). `suffix` (fill-in-the-middle), `images`, `template` (a Go
 template) and `context` (the tokens of an earlier reply) are refused: none is implemented.
@@ -32,7 +34,7 @@ from starlette.routing import Route
 
 from localinfer.engine.prompt import uses_chat_template
 from localinfer.server import hosting, jobs, ollama_models, ollama_options, ollama_reply
-from localinfer.server import requests
+from localinfer.server import logprob_fields, requests
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.requests import Prepared
 
@@ -40,10 +42,7 @@ ROLES = ("system", "user", "assistant", "tool")
 # Ollama's answer to GET / and HEAD /, which its clients use to find a server
 RUNNING = "Ollama is running"
 # What no request here gets: refused with these words when a request asks for it
-_NOT_ANSWERED = (("logprobs", "'logprobs' is not supported here"),
-                 ("top_logprobs", "'top_logprobs' is not supported here"))
-_NOT_GENERATED = (*_NOT_ANSWERED,
-                  ("suffix", "fill-in-the-middle ('suffix') is not supported here"),
+_NOT_GENERATED = (("suffix", "fill-in-the-middle ('suffix') is not supported here"),
                   ("images", "'images' are not supported: no model served here sees them"),
                   ("template", "'template' (a Go template) is not supported here; the model's "
                                "own chat template is used, or none with raw"),
@@ -85,7 +84,7 @@ async def _answer(served, request: Request, *, chat: bool):
     if prepared is None:            # Ollama's way to load a model (keep_alive 0: to unload it)
         seen.release()
         return JSONResponse(ollama_reply.loaded(name, chat))
-    reply = ollama_reply.Reply(name, chat, prepared, served.log, started)
+    reply = ollama_reply.Reply(name, chat, prepared, served.log, started, seen.session)
     return await jobs.run(seen, request, prepared, reply, ollama_error)
 
 
@@ -142,6 +141,9 @@ def _prepare(body: dict, served, chat: bool) -> tuple[str, Prepared | None]:
         raise BadRequest(f"'{name[:200]}' does not think: its chat template writes no thinking "
                          f"trace" + ("" if templated else " (and a raw prompt has no template)"))
     limits = prepared.job.limits
+    # `logprobs` and `top_logprobs` as the chat endpoint checks them, for a raw prompt too
+    limits.logprobs = logprob_fields.asked(
+        {"logprobs": body.get("logprobs"), "top_logprobs": body.get("top_logprobs")}, chat=True)
     if steering.stops:
         limits.stop = steering.stops
     if steering.num_ctx is not None:        # the answer too stays within the request's context
@@ -170,7 +172,6 @@ def _refuse(body: dict, fields: tuple[tuple[str, str], ...]) -> None:
 
 def _chat_body(body: dict, said: dict) -> bool | None:
     """/api/chat's messages and tools into `said`; True (a chat), or None when it has none."""
-    _refuse(body, _NOT_ANSWERED)
     messages = body.get("messages")
     if messages is None or messages == []:
         return None

@@ -6,7 +6,9 @@ or `thinking`, a reply's tool calls in one object of their own (`message.tool_ca
 `{"function": {"name", "arguments": {...}}}`, arguments an object as Ollama gives them), then the
 last object with `done: true`, `done_reason` (stop or length) and the figures Ollama reports,
 durations in nanoseconds. Not streamed: that last object with the whole message in it. A failure
-after the stream has begun is one `{"error": ...}` line, as Ollama sends it.
+after the stream has begun is one `{"error": ...}` line, as Ollama sends it. With `logprobs`,
+each object has `logprobs`: the entries (token, logprob, bytes, top_logprobs) of the tokens
+whose text it carries, as Ollama's api.Logprob; the whole answer's object all of them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
-from localinfer.server import jobs, reasoning, tools
+from localinfer.server import jobs, logprob_shapes, reasoning, tools
 from localinfer.server.errors import ollama_error
 from localinfer.server.requests import Prepared
 
@@ -54,8 +56,10 @@ class Reply:
     media_type = MEDIA_TYPE         # of the stream (server/jobs.py)
 
     def __init__(self, model: str, chat: bool, prepared: Prepared,
-                 log: Callable[[str], None], started_ns: int) -> None:
+                 log: Callable[[str], None], started_ns: int, session=None) -> None:
         self.model, self.chat, self.job, self.log = model, chat, prepared.job, log
+        self.session, self.logprobs = session, prepared.job.limits.logprobs is not None
+        self.follow, self.scored = logprob_shapes.Following(session, self.job), []
         self.style, self.tools, self.constrained = prepared.style, prepared.tools, \
             prepared.constrained
         self.started_ns = started_ns        # when the request arrived: total_duration's start
@@ -85,6 +89,9 @@ class Reply:
             body["response"] = content
             if thinking:
                 body["thinking"] = thinking
+        if self.logprobs:       # the entries of the tokens this object carries
+            body["logprobs"] = logprob_shapes.entries(self.session, self.scored)
+            self.scored = []
         return {**body, "done": False}
 
     def _done(self, body: dict) -> dict:
@@ -100,6 +107,7 @@ class Reply:
                 "eval_duration": int(stats.decode_s * 1e9), **jobs.closed_early(self.job)}
 
     def whole(self) -> dict:
+        self.scored = logprob_shapes.shown(self.session, self.job) if self.logprobs else []
         said = reasoning.message(self.style, self.job.text)
         content, calls = tools.split(self.tools, said["content"], self.job.text)
         return self._done(self._piece(content or "", said.get("reasoning_content", ""), calls))
@@ -112,11 +120,15 @@ class Reply:
     async def _objects(self, events: asyncio.Queue):
         deltas = reasoning.Deltas(self.style)
         held = tools.Stream(self.tools)
+        sent = 0
         while (text := await events.get()) is not None:
             if text is jobs.CLOSING:        # cut short, and said so
                 self.job.cancelled = True
                 yield {"error": jobs.SHUTTING_DOWN}
                 return
+            if self.logprobs:
+                sent += len(text)
+                self.scored += self.follow.upto(sent)
             held.see(text)      # a format whose calls show only in the raw output (harmony)
             for delta in deltas.feed(text):
                 if (body := self._delta(delta, held)) is not None:
@@ -128,6 +140,8 @@ class Reply:
         for delta in deltas.flush():
             if (body := self._delta(delta, held)) is not None:
                 yield body
+        if self.logprobs:
+            self.scored += self.follow.rest()
         rest, calls = held.finish()
         if rest:
             yield self._piece(rest)

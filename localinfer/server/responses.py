@@ -11,8 +11,11 @@ cancellation, shutdown). The answer comes back as a response object or its event
 `store` (true unless the request says false) keeps the finished response in memory
 (server/responses_store.py, bounded in count, bytes and age) for `previous_response_id`, whose
 conversation (its input and output, not its instructions) comes before the new input, and for
-GET and DELETE; an id not kept is a 404. Fields this server cannot honour are refused when they
-ask for something (`background: true`, a `conversation`, a stored `prompt`, logprobs); those that
+GET and DELETE; an id not kept is a 404. `include: ["message.output_text.logprobs"]` (or a
+`top_logprobs` above 0) puts the answer's log-probabilities in its output_text and in each
+output_text delta event, `top_logprobs` (0 to 20) alternatives each (server/logprob_shapes.py).
+Fields this server cannot honour are refused when they ask for something (`background: true`,
+a `conversation`, a stored `prompt`); those that
 only describe the client (`user`, `safety_identifier`, `prompt_cache_key`, `service_tier`,
 `truncation`) are accepted and echoed. Tools of kinds other than function, and input items of
 OpenAI's hosted tools, are left out of what the model sees, and the response lists them in
@@ -31,7 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import hosting, jobs, requests, responses_input, tools
+from localinfer.server import fields, hosting, jobs, requests, responses_input, tools
 from localinfer.server.errors import BadRequest, error
 from localinfer.server.requests import Prepared
 from localinfer.server.responses_reply import Reply
@@ -40,6 +43,7 @@ from localinfer.server.responses_store import Store
 LATEST = ":latest"            # Ollama's tag, as Codex's Ollama mode names a model
 MAX_METADATA = 16             # OpenAI's bounds on `metadata`
 ENCRYPTED = "reasoning.encrypted_content"
+LOGPROBS = "message.output_text.logprobs"
 # Extra fields the chat request takes as they are (llama-server's sampling, ours)
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "stream",
            "priority", "thinking_budget", "chat_template_kwargs")
@@ -189,6 +193,9 @@ def _translate(body: dict, seen, store: Store) -> tuple[dict, dict, list[dict]]:
         chat["reasoning_effort"] = effort
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    top = body.get("top_logprobs")
+    if LOGPROBS in (body.get("include") or ()) or top:   # checked with the chat's fields
+        chat.update(logprobs=True, top_logprobs=top)
     echo = _echo(body, seen)
     if left_tools:
         echo["ignored_tools"] = left_tools
@@ -204,6 +211,7 @@ def _not_kept_text(ident: str) -> str:
 
 def _refuse_unsupported(body: dict) -> None:
     """Fields that ask for what this server does not do: refused, never silently dropped."""
+    fields.refuse(body, "responses")
     if body.get("background") not in (None, False):
         raise BadRequest("background responses are not supported here; send background false",
                          "background")
@@ -213,14 +221,10 @@ def _refuse_unsupported(body: dict) -> None:
     if body.get("prompt") is not None:
         raise BadRequest("stored prompt templates are not supported here; send input",
                          "prompt")
-    if body.get("top_logprobs") not in (None, 0):
-        raise BadRequest("logprobs are not returned here; send top_logprobs 0", "top_logprobs")
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or len(include) > 32 or
                                 not all(isinstance(i, str) for i in include)):
         raise BadRequest("'include' must be a list of at most 32 strings", "include")
-    if include and "message.output_text.logprobs" in include:
-        raise BadRequest("logprobs are not returned here", "include")
     for key in ("store", "parallel_tool_calls"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise BadRequest(f"'{key}' must be true or false", key)
@@ -268,7 +272,8 @@ def _echo(body: dict, seen) -> dict:
             "text": {"format": text.get("format") or {"type": "text"},
                      **({"verbosity": text["verbosity"]} if text.get("verbosity") else {})},
             "tool_choice": body.get("tool_choice") or "auto",
-            "tools": functions, "top_p": _said(body, "top_p", params.top_p), "top_logprobs": 0,
+            "tools": functions, "top_p": _said(body, "top_p", params.top_p),
+            "top_logprobs": body.get("top_logprobs") or 0,
             "truncation": body.get("truncation") or "disabled", "user": body.get("user"),
             "service_tier": "default", "background": False,
             "prompt_cache_key": body.get("prompt_cache_key"),

@@ -25,7 +25,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
-from localinfer.server import jobs, reasoning, tool_stream, tools
+from localinfer.server import jobs, logprob_shapes, reasoning, tool_stream, tools
 from localinfer.server.errors import error
 from localinfer.server.requests import Prepared
 
@@ -48,6 +48,12 @@ class Reply:
         self.id = new_id("resp")
         self.created = int(time.time())
         self.sequence = 0
+        # the tokens' log-probabilities, when `include` asks (server/logprob_shapes.py): each
+        # text delta carries those of the tokens whose text it holds, the message all of them
+        self.logprobs = self.job.limits.logprobs is not None
+        self.follow = logprob_shapes.Following(session, self.job)
+        self.scored: list = []          # for the next text delta
+        self.given: list = []           # every entry the deltas carried
 
     # -- the whole response ------------------------------------------------------------------
     def failure(self) -> JSONResponse | None:
@@ -71,7 +77,9 @@ class Reply:
         status = self._status(calls)
         output = [self._reasoning(new_id("rs"), trace)] if trace else []
         if text or not calls:
-            output.append(self._message(new_id("msg"), text or "", status))
+            scored = logprob_shapes.shown(self.session, self.job) if self.logprobs else []
+            output.append(self._message(new_id("msg"), text or "", status,
+                                        self._entries(scored)))
         output += [self._call(new_id("fc"), c) for c in calls]
         return self._finished(status, output, trace, text or "", calls)
 
@@ -119,9 +127,19 @@ class Reply:
                    else {}), "status": status}
 
     @staticmethod
-    def _message(ident: str, text: str | None, status: str = "completed") -> dict:
+    def _message(ident: str, text: str | None, status: str = "completed",
+                 logprobs: list | None = None) -> dict:
         return {"id": ident, "type": "message", "role": "assistant", "status": status,
-                "content": [] if text is None else [_text_part(text)]}
+                "content": [] if text is None else [_text_part(text, logprobs)]}
+
+    def _entries(self, scored: list) -> list[dict]:
+        return logprob_shapes.entries(self.session, scored) if self.logprobs else []
+
+    def delta_logprobs(self) -> list[dict]:
+        """The entries for the text delta being sent: those of the tokens its text holds."""
+        scored, self.scored = self.scored, []
+        self.given += scored
+        return self._entries(scored)
 
     @staticmethod
     def _call(ident: str, call: dict, status: str = "completed") -> dict:
@@ -146,11 +164,15 @@ class Reply:
         items, deltas = _Items(self), reasoning.Deltas(self.style)
         # text that may begin a call waits; a call's arguments come as they are decoded
         held = tool_stream.CallStream(self.tools, self.max_calls)
+        sent = 0
         while (text := await events.get()) is not None:
             if text is jobs.CLOSING:            # cut short, and said so
                 self.job.cancelled = True
                 yield self._failed(items, jobs.SHUTTING_DOWN, "server_error")
                 return
+            if self.logprobs:
+                sent += len(text)
+                self.scored += self.follow.upto(sent)
             held.see(text)
             for delta in deltas.feed(text):
                 for event in items.feed(_held(delta, held)):
@@ -166,6 +188,8 @@ class Reply:
         for delta in deltas.flush():
             for event in items.feed(_held(delta, held)):
                 yield event
+        if self.logprobs:
+            self.scored += self.follow.rest()
         ending = held.ending()
         calls = [] if ending.cut else ending.calls     # a call cut short is not kept
         status = self._status(calls)
@@ -186,8 +210,8 @@ def _held(delta: dict, held: tool_stream.CallStream) -> dict:
     return {"content": held.feed(delta["content"])} if "content" in delta else delta
 
 
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 class _Items:
@@ -257,7 +281,8 @@ class _Items:
 
     def _delta(self, kind: str, piece: str) -> dict:
         self.part += piece
-        extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
+        extra = {"logprobs": self.reply.delta_logprobs()} \
+            if kind == "response.output_text.delta" else {}
         return self.reply.event(kind, item_id=self.ident, output_index=len(self.output),
                                 content_index=0, delta=piece, **extra)
 
@@ -280,9 +305,12 @@ class _Items:
                 "response.reasoning_text.done", item_id=self.ident, output_index=index,
                 content_index=0, text=text)
         else:
-            item, part = reply._message(self.ident, text, status), _text_part(text)
+            reply.given, reply.scored = reply.given + reply.scored, []   # none left for a delta
+            given = reply._entries(reply.given)
+            item, part = reply._message(self.ident, text, status, given), \
+                _text_part(text, given)
             done = reply.event("response.output_text.done", item_id=self.ident,
-                               output_index=index, content_index=0, text=text, logprobs=[])
+                               output_index=index, content_index=0, text=text, logprobs=given)
         self.open = None
         self.output.append(item)
         return [done,

@@ -32,7 +32,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import anthropic_tools, hosting, jobs, reasoning, requests, tool_stream
+from localinfer.server import anthropic_tools, fields, hosting, jobs, reasoning, requests
+from localinfer.server import tool_stream
 from localinfer.server import tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
@@ -118,6 +119,7 @@ def _count(body: dict, served) -> int:
 def _translate(body: dict, defaults, *, counting: bool):
     """Anthropic's body as the chat body requests.prepare takes (its system prompt the first
     message), the Defaults with its thinking, and its stop sequences."""
+    fields.refuse(body, "count_tokens" if counting else "messages")
     system = _system(body.get("system"))
     # The top-level system prompt leads the conversation (a system turn inside `messages`, as
     # Claude Code sends, must not take its place); the server's --system is for a request

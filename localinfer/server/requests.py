@@ -31,7 +31,7 @@ from localinfer.engine.sampling import (BIAS_RANGE, MAX_BIASED, RANDOM_SEED, Sam
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import logprob_fields, reasoning, tools
+from localinfer.server import fields, logprob_fields, reasoning, tools
 from localinfer.server.errors import BadRequest
 from localinfer.thinking import setup
 from localinfer.thinking.style import Style, Think
@@ -169,6 +169,7 @@ def check_model(body: dict, names: tuple[str, ...]) -> None:
 
 def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
              defaults: Defaults) -> Prepared:
+    fields.refuse(body, "chat" if chat else "completions")     # what no answer here gives
     n = _number(body, "n", int, 1, 1, MAX_N)
     most = body.get("max_completion_tokens", body.get("max_tokens"))
     # 0 on /v1/completions: the prompt alone, scored with echo (server/completions.py)

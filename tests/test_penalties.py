@@ -132,6 +132,9 @@ def test_the_cli_bans_a_token_and_refuses_a_bad_bias(smollm):
     assert plain.returncode == banned.returncode == 0, banned.stderr
     assert plain.stdout.startswith(smollm.session.piece(first).decode())
     assert not banned.stdout.startswith(smollm.session.piece(first).decode())
+    mapped = run_cli("map", "smollm2", "--offline", "--raw", "{}", "--temp", "0", "-n", "4",
+                     "--logit-bias", f"{first}=-100", input=prompt + "\n")
+    assert mapped.returncode == 0 and mapped.stdout.strip() == banned.stdout.strip()
     bad = run_cli("run", "smollm2", "--offline", "--raw", "Hi", "--logit-bias", "7")
     assert bad.returncode == 2 and error_line(bad).startswith(ERROR + "--logit-bias '7'")
     far = run_cli("run", "smollm2", "--offline", "--raw", "Hi", "--logit-bias", "99999=1")

@@ -17,6 +17,8 @@ from localinfer.cli.options import (rpc_option, BACKEND, CONTEXT, OUTPUT, backen
                                     kv_type_option, max_tokens_option, memory_option, min_p_option,
                                     model_argument, no_think_option, offline_option, quant_option,
                                     raw_option, repeat_penalty_option, reporter, seed_option,
+                                    frequency_penalty_option, presence_penalty_option,
+                                    logit_bias_option, penalties,
                                     show_thinking_option, stop_option, system_option, temp_option,
                                     think_budget_option, think_option, think_settings,
                                     threads_option, top_k_option, top_p_option, verbose_option)
@@ -44,6 +46,9 @@ def map_lines(
     top_p: float = top_p_option(),
     min_p: float = min_p_option(),
     repeat_penalty: float = repeat_penalty_option(),
+    frequency_penalty: float = frequency_penalty_option(),
+    presence_penalty: float = presence_penalty_option(),
+    logit_bias: list[str] = logit_bias_option(),
     seed: Optional[int] = seed_option("Seed of the first line's sampler (the next lines count up "
                                       "from it); -1 (or none) draws a new one each run."),
     max_tokens: int = max_tokens_option(256, "Most tokens an answer takes."),
@@ -94,7 +99,8 @@ def map_lines(
     if PLACEHOLDER not in template:
         raise UsageError(f"the template has no {PLACEHOLDER} for the line")
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed)   # checked before loading
+                            repeat_penalty=repeat_penalty, seed=seed,   # checked before loading
+                            **penalties(frequency_penalty, presence_penalty, logit_bias))
     output = from_options(json_schema, grammar)
     thinking = think_settings(think, no_think, think_budget)
     if check_logprobs(logprobs, as_jsonl, "--jsonl") is not None and server:

@@ -86,7 +86,10 @@ class Remote:
         text = self.template.replace(PLACEHOLDER, line)
         body: dict = {"model": self.model, "max_tokens": self.max_tokens, "priority": "batch",
                       "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-                      "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}
+                      "min_p": p.min_p, "repeat_penalty": p.repeat_penalty,
+                      "frequency_penalty": p.frequency_penalty,
+                      "presence_penalty": p.presence_penalty,
+                      "logit_bias": {str(token): bias for token, bias in p.logit_bias}}
         if p.seed not in (None, -1):
             body["seed"] = p.seed + index           # as map's own lines count up from it
         if self.stop:

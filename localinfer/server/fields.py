@@ -104,7 +104,9 @@ RESPONSES = {
     "access_programs": (REFUSED, "no hosted tools' programs here"),
 }
 MESSAGES = {
-    **_HONOURED, "top_k": (HONOURED, ""), "system": (HONOURED, ""),
+    **{name: _HONOURED[name] for name in ("model", "messages", "max_tokens", "temperature",
+                                         "top_p", "stream")},
+    "top_k": (HONOURED, ""), "system": (HONOURED, ""),
     "stop_sequences": (HONOURED, ""), "thinking": (HONOURED, "enabled, disabled or adaptive"),
     "tools": (HONOURED, ""), "tool_choice": (HONOURED, ""),
     "output_config": (HONOURED, "format and effort"),

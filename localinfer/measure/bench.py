@@ -7,6 +7,7 @@ empty cache; tg = n_gen single-token steps from an almost empty cache; one warm-
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable
 
 from localinfer.engine.decode import Generation, Limits
@@ -72,10 +73,35 @@ def logprobs_cost(loaded: LoadedModel, *, top: int, n_gen: int, repetitions: int
         if progress:
             progress(f"run {rep}/{repetitions}: tg {without:.1f} t/s, with logprobs "
                      f"{with_:.1f} t/s ({with_ / without:.3f}x)")
+    steps = _interleaved(cache, start, top, n_gen, repetitions)
     return {"model": loaded.ref.display, "backend": loaded.backend, "threads": _threads(loaded),
             "n_vocab": loaded.session.n_vocab, "top_logprobs": top, "n_gen": n_gen,
             "repetitions": repetitions, "decode_tps": _summary(plain),
-            "decode_tps_logprobs": _summary(scored), "ratio": _summary(ratios)}
+            "decode_tps_logprobs": _summary(scored), "ratio": _summary(ratios),
+            "interleaved": steps}
+
+
+def _interleaved(cache: KVCache, start: list[int], top: int, n_gen: int,
+                 repetitions: int) -> dict:
+    """Decode steps scored and not, alternating token by token (the Emitter's score after the
+    greedy choice): a busy machine slows both kinds alike, which whole runs cannot promise.
+    The ratio is the median plain step's time over the median scored step's."""
+    from localinfer.engine.logprobs import token_logprob
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repetitions):
+        cache.clear()
+        logits, _ = cache.prefill(start)
+        token = int(logits.argmax())
+        for i in range(n_gen):
+            begin = time.perf_counter()
+            logits = cache.step(token)
+            token = int(logits.argmax())
+            if i % 2:
+                token_logprob(logits, token, top)
+            times[i % 2].append(time.perf_counter() - begin)
+    plain, scored = (statistics.median(t) for t in times)
+    return {"steps": n_gen * repetitions, "plain_step_ms": round(plain * 1000, 3),
+            "scored_step_ms": round(scored * 1000, 3), "ratio": round(plain / scored, 4)}
 
 
 def _run(cache: KVCache, prompt: list[int], sampler, n_tokens: int,

@@ -253,3 +253,21 @@ def test_ollama_logprobs_chat_and_raw_generate(server, model):
     status, reply = post_json(server + "/api/generate", {"model": MODEL, "prompt": "x",
                                                          "top_logprobs": 2})
     assert status == 400 and "logprobs" in reply["error"]
+
+
+def test_n_choices_share_the_echoed_prompts_figures_and_list_the_end_token(client, model):
+    session = model.session
+    prompt = prompt_tokens(model, "Hi")          # answered in 9 tokens, then the end
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, echo=True,
+                                      logprobs=1, temperature=0, n=2)
+    first, second = reply.choices
+    assert first.logprobs.token_logprobs[:len(prompt)] == \
+        second.logprobs.token_logprobs[:len(prompt)]
+    assert first.finish_reason == "stop"
+    # the end of generation is listed last, as OpenAI lists it: its text is not the answer's
+    answer = greedy(session, prompt, 30)
+    rows = log_probs(session, prompt + [t for t, _, _ in answer])
+    end = int(rows[-1].argmax())
+    assert session.is_eog(end) and first.logprobs.tokens[-1] == session.token_text(end)
+    assert abs(first.logprobs.token_logprobs[-1] - rows[-1][end]) < CLOSE
+    assert len(first.logprobs.tokens) == len(prompt) + len(answer) + 1

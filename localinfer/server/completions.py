@@ -196,7 +196,8 @@ async def _started(seen, loop, events: asyncio.Queue, choices: list[Choice]
 
 async def _score(seen, choices: list[Choice]) -> JSONResponse | None:
     """Each echoed prompt's own log-probabilities, in the worker's thread between two steps."""
-    asked = [c for c in choices if c.echo and c.logprobs is not None]
+    # a prompt's `n` choices share its figures: scored once
+    asked = [c for c in choices if c.echo and c.logprobs is not None and not c.repeat]
     futures = []
     for choice in asked:
         future: Future = Future()
@@ -212,6 +213,9 @@ async def _score(seen, choices: list[Choice]) -> JSONResponse | None:
         except Exception as e:          # the engine's failure, as a job's would be
             seen.log(f"a request failed: {e}")
             return error(f"the model failed: {e}", 500)
+    for before, choice in zip(choices, choices[1:]):
+        if choice.repeat:
+            choice.scored = before.scored
     return None
 
 

@@ -189,3 +189,22 @@ def test_n_on_completions_whole_and_streamed(client):
         for choice in chunk.choices:
             streamed[choice.index] += choice.text
     assert streamed == texts
+
+
+def _cached(server: str) -> float:
+    with urllib.request.urlopen(server + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("localinfer_prompt_tokens_cached_total{"))
+
+
+def test_n_choices_over_http_read_their_prompt_once(client, server):
+    """A prompt no request sent before: without the sharing each of the 4 choices reads it
+    all (only the template's start could come from a slot's kept cells)."""
+    words = " ".join(f"w{i}x{i * 7 % 13}" for i in range(60))
+    before = _cached(server)
+    reply = client.chat.completions.create(
+        model=MODEL, n=SLOTS, max_tokens=2, temperature=0,
+        messages=[{"role": "user", "content": f"Repeat: {words}"}])
+    shared = _cached(server) - before
+    assert shared >= (SLOTS - 1) * reply.usage.prompt_tokens, (shared, reply.usage)

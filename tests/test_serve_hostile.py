@@ -230,7 +230,8 @@ BAD_BODIES = {
     "response-format-list": (CHAT, chat_body(response_format=["json"])),
     "json-schema-string": (CHAT, chat_body(response_format={"type": "json_schema",
                                                              "json_schema": "x"})),
-    "prompt-token-list": (COMPLETE, json.dumps({"model": MODEL, "prompt": [1, 2, 3]}).encode()),
+    "prompt-token-out-of-vocabulary": (COMPLETE, json.dumps({"model": MODEL,
+                                                             "prompt": [1, 2, 10**9]}).encode()),
     "prompt-empty": (COMPLETE, json.dumps({"model": MODEL, "prompt": ""}).encode()),
     "prompt-too-long": (COMPLETE, json.dumps({"model": MODEL, "prompt": "x " * 5000}).encode()),
 }

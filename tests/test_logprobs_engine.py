@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,6 +162,22 @@ def test_the_scheduler_scores_as_one_request_alone(request, name, parallel, exac
         # measured up to 0.17 nats (docs/logprobs.md); a mixed-up sequence is off by whole nats
         assert all(abs(a.logprob - b.logprob) < 0.5
                    for a, b in zip(job.logprobs[:same], single.logprobs[:same]))
+
+
+def test_the_scheduler_scores_a_long_prompt_as_run_does(smollm, smollm_path):
+    # Past 256 cells, where llama.cpp views 512 and the prompt runs on the tiled kernels.
+    text = (Path(__file__).resolve().parents[1] / "localinfer/data/alice_ch1-3.txt").read_text()
+    prompt = prompt_tokens(smollm, text[:1300] + "\n\nWhat happens next?")
+    limits = Limits(max_tokens=12, ignore_eos=True, logprobs=2)
+    single = _generate(smollm, prompt, limits)
+    batch = SequenceBatch(smollm_path, LoadOptions(n_ctx=1024), 2)
+    try:
+        job = Job(prompt, make_sampler(GREEDY), limits)
+        Scheduler(batch).run([job])
+    finally:
+        batch.close()
+    assert len(prompt) > 256 and job.error is None
+    assert job.tokens == single.tokens and job.logprobs == single.logprobs
 
 
 def test_run_json_and_map_jsonl_carry_them(models_home, smollm):

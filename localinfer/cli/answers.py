@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import typer
 
-from localinfer.cli.options import CONTEXT
+from localinfer.cli.options import SAMPLING
 
 
 def reuse_answers_option():
-    return typer.Option(False, "--reuse-answers", rich_help_panel=CONTEXT,
-                        help="A deterministic request (--temp 0, or a --seed) asked before is "
-                        "answered from the answer store, as it streamed then; its prompt's text "
-                        "is NFC-normalised and trimmed. `cache ls` lists the store.")
+    return typer.Option(False, "--reuse-answers", rich_help_panel=SAMPLING,
+                        help="Answer a --temp 0 or --seed request asked "
+                        "before from the answer store.")

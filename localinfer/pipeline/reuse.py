@@ -156,7 +156,7 @@ class MapReuse:
     """map's jobs that repeat a request (same tokens and settings) decoded once: put between the
     scheduler and map's own `arrivals` and `done` (`wrap`). A repeat of a line under way waits for
     its answer; a repeat of one answered earlier (or, with `stored`, of one in the store) is
-    answered at once. Counts what it saved in `decoded` and `shared`."""
+    answered at once. Counts lines `decoded`, `shared` (a repeat's) and `from_store`."""
 
     def __init__(self, session, lines, seq_ctx: int, *, stored: bool = False,
                  notify: Callable[[str], None] = lambda line: None) -> None:
@@ -199,12 +199,12 @@ class MapReuse:
         answer = self.recent.get(key)
         if answer is not None:
             self.recent.move_to_end(key)
+            self.shared += 1
         elif self.stored and (answer := self.store.lookup(key)) is not None:
             self.from_store += 1
             self._remember(key, answer)
         if answer is not None:
             _fill(job, answer)
-            self.shared += 1
             done(job)
             return True
         self.waiting[key], self.leading[job.index] = [], key
@@ -240,9 +240,10 @@ class MapReuse:
             self._recent_bytes -= len(old.text)
 
     def describe(self) -> str:
-        stored = f", {self.from_store} of them from the answer store" if self.from_store else ""
-        return (f"map: {self.decoded} lines decoded, {self.shared} answered by a line that "
-                f"repeats them{stored}")
+        total = self.decoded + self.shared + self.from_store
+        stored = f"; {self.from_store} answered from the answer store" if self.from_store else ""
+        return (f"map: {self.decoded} of {total} lines decoded; {self.shared} given the answer "
+                f"of an identical earlier line{stored}")
 
 
 def _fill(job, answer: Answer) -> None:

@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -54,6 +55,11 @@ DEFAULT_CAP_BYTES = 256_000_000
 # a few megabytes. A file larger than this is not an entry of ours.
 MAX_ENTRY_BYTES = 64 << 20
 FINISHES = ("stop", "length", "context")      # only a complete answer is stored
+# Saves per sweep of the store, on average. A sweep (eviction over the cap, a dead writer's
+# leftovers) lists every entry, and answers are small, so the store holds many: a sweep on every
+# save would make a map of many lines quadratic. Between sweeps the store outgrows its cap by a few
+# entries at most.
+SWEEP_EVERY = 16
 FORMAT = 1
 
 
@@ -93,9 +99,10 @@ def settings_of(params, limits, *, via: str, n_ctx: int, gbnf: str | None = None
     sampled = params.temperature > 0
     if not sampled:
         sampling.pop("seed")        # greedy: the seed draws nothing
+    grammar = hashlib.sha256(gbnf.encode()).hexdigest() if gbnf is not None else None
     return {"via": via, "n_ctx": n_ctx, "sampling": sampling, "max_tokens": limits.max_tokens,
             "stop": list(limits.stop), "ignore_eos": limits.ignore_eos,
-            "shown": sorted(limits.shown), "logprobs": limits.logprobs, "grammar": gbnf,
+            "shown": sorted(limits.shown), "logprobs": limits.logprobs, "grammar": grammar,
             "think_budget": think_budget, "raw": raw,
             "draft": [draft, draft_max] if sampled else None, "format": FORMAT}
 
@@ -119,6 +126,7 @@ class AnswerStore:
         self.n_vocab, self.notify = n_vocab, notify
         self.model_key = json.dumps(identity, sort_keys=True, default=str)
         self.dir = root / hashlib.sha256(self.model_key.encode()).hexdigest()[:16]
+        self._saves = 0
 
     def key(self, tokens: Sequence[int], settings: dict) -> str:
         digest = hashlib.sha256(self.model_key.encode())
@@ -157,8 +165,9 @@ class AnswerStore:
                       answer.closed_at, answer.logprobs, answer.saved, path.stem)
 
     def save(self, key: str, answer: Answer) -> Path | None:
-        """Store `answer` under `key` (atomically), then evict the least recently used entries
-        over the cap. A complete answer only; a full disk or a read-only store stores nothing."""
+        """Store `answer` under `key` (atomically), then now and then (SWEEP_EVERY) evict the
+        least recently used entries over the cap. A complete answer only; a full disk or a
+        read-only store stores nothing."""
         if answer.finish_reason not in FINISHES or self.cap_bytes <= 0:
             return None
         body = json.dumps({"format": FORMAT, "pieces": list(answer.pieces),
@@ -175,7 +184,10 @@ class AnswerStore:
             entry.write(path, key=key, label=self.label, tokens=list(answer.tokens), state=body)
         except (OSError, ValueError):
             return None
-        prompt_cache.evict(self.root, self.cap_bytes, keep=path)
+        self._saves += 1
+        if self._saves % SWEEP_EVERY == 0 or random.random() < 1 / SWEEP_EVERY or \
+                len(body) * SWEEP_EVERY > self.cap_bytes:
+            prompt_cache.evict(self.root, self.cap_bytes, keep=path)
         return path
 
     def _refuse(self, path: Path, why: str) -> None:

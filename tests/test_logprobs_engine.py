@@ -137,6 +137,20 @@ def test_speculation_scores_every_token_as_plain_decoding_does(request, name, te
     assert spec.logprobs == plain.logprobs          # bit for bit, as the tokens are
 
 
+def test_speculation_under_a_grammar_scores_as_plain_constrained_decoding(smollm):
+    sentence = "The quick brown fox jumps over the lazy dog near the river bank."
+    prompt = prompt_tokens(smollm, f"Repeat this sentence: {sentence}")
+    gbnf = 'root ::= "The quick brown fox jumps over the lazy " [a-z ]+ "."'
+    limits = Limits(max_tokens=24, logprobs=2)
+    plain = _generate(smollm, prompt, limits, sampler_for(GREEDY, smollm.session.grammar(gbnf)))
+    spec = choose.speculative(smollm, KVCache(smollm.session), prompt, GREEDY, limits,
+                              PromptLookup(), max_draft=6, adaptive=False,
+                              grammar=smollm.session.grammar(gbnf))
+    "".join(spec)
+    assert spec.stats.accepted > 0
+    assert spec.tokens == plain.tokens and spec.logprobs == plain.logprobs
+
+
 @pytest.mark.parametrize("name, parallel, exact", [
     ("smollm", 4, True), ("gemma", 1, True),
     # Gemma 3's repacked Q4_K kernels group rows across the requests of one step.

@@ -145,3 +145,19 @@ def post_json(url: str, body: dict, *, timeout: float = 300) -> tuple[int, dict]
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def log_probs(session, tokens: list[int]):
+    """Each position's log-softmax (float64) over a session's logits for `tokens`, evaluated
+    from an empty cache with every position's logits, in pieces shorter than a tile: a graph of
+    64 rows or more runs llama.cpp's tiled kernels (backends/llama/steer.py), whose figures
+    differ from a decode step's by up to 0.25 nats on SmolLM2, and the server scores a prompt as
+    decode steps would (docs/logprobs.md)."""
+    import numpy as np
+    from localinfer.backends.llama.steer import TILE_ROWS
+    from localinfer.measure.quality import log_softmax
+    session.reset()
+    step = TILE_ROWS // 2
+    rows = [session.eval(tokens[i:i + step], logits="all").copy()
+            for i in range(0, len(tokens), step)]
+    return log_softmax(np.concatenate(rows)).astype(np.float64)

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from functools import partial
 
 import pytest
-from test_logprobs_api import log_probs
+from helpers import log_probs
 
 from localinfer.backends import LoadOptions
 from localinfer.engine.decode import Limits

@@ -12,7 +12,7 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import load_file, start_server
+from helpers import load_file, log_probs, start_server
 
 lm_eval = pytest.importorskip("lm_eval")
 pytestmark = pytest.mark.slow
@@ -97,8 +97,7 @@ def test_lm_eval_scores_are_the_models_own(server, task_dir, smollm_path, monkey
 def loglikelihood(session, context: str, continuation: str) -> float:
     """The continuation's log-probability after the context, as lm-evaluation-harness splits
     them into tokens (the whole text's tokens after the context's), each position's figure from
-    the logits of an evaluation with all of them (tests/test_logprobs_api.py's log_probs)."""
-    from test_logprobs_api import log_probs
+    the logits of an evaluation with all of them (helpers.log_probs)."""
     spaces = len(context) - len(context.rstrip())
     if spaces:      # lm-eval moves the context's trailing spaces to the continuation
         context, continuation = context[:-spaces], context[-spaces:] + continuation

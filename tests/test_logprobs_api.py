@@ -6,13 +6,12 @@ in-process (its logits, log-softmaxed here) rather than for being present."""
 from __future__ import annotations
 
 import json
-import math
 import signal
 import urllib.request
 
 import numpy as np
 import pytest
-from helpers import load_file, post_json, prompt_tokens, start_server
+from helpers import load_file, log_probs, post_json, prompt_tokens, start_server
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -40,20 +39,6 @@ def model(smollm_path):
 @pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
-
-
-def log_probs(session, tokens: list[int]) -> np.ndarray:
-    """Each position's log-softmax over the model's logits, evaluated from an empty cache with
-    every position's logits, in pieces shorter than a tile: a graph of 64 rows or more runs
-    llama.cpp's tiled kernels (backends/llama/steer.py), whose figures differ from a decode
-    step's by up to 0.25 nats on SmolLM2, and the server scores a prompt as decode steps would."""
-    from localinfer.backends.llama.steer import TILE_ROWS
-    from localinfer.measure.quality import log_softmax
-    session.reset()
-    step = TILE_ROWS // 2
-    rows = [session.eval(tokens[i:i + step], logits="all").copy()
-            for i in range(0, len(tokens), step)]
-    return log_softmax(np.concatenate(rows)).astype(np.float64)
 
 
 def greedy(session, prompt: list[int], n: int) -> list[tuple[int, float, int]]:

@@ -405,6 +405,8 @@ def test_every_shape_map_reads_is_checked(reply, raw):
 
 class _Params:
     temperature, top_k, top_p, min_p, repeat_penalty, seed = 0.0, 40, 0.9, 0.05, 1.0, None
+    frequency_penalty = presence_penalty = 0.0
+    logit_bias = ()
 
 
 class _Think:

@@ -91,3 +91,24 @@ def test_scores_take_the_cells_free_slots_keep(batch, single):
     assert max(abs(scored[i].logprob - rows[i - 1][words[i]]) for i in range(1, len(words))) \
         < CLOSE
 
+
+
+def test_a_large_vocabulary_is_scored_a_few_rows_at_a_time_as_well(gemma_path):
+    """Gemma 3's 262,144-token rows: 16 per decode (echo.LOGITS_BYTES), the same figures."""
+    from helpers import load_file
+    from localinfer.backends.llama.batched import SequenceBatch
+    from localinfer.engine import echo
+    batch = SequenceBatch(gemma_path, LoadOptions(n_ctx=256), 2)
+    single = load_file(gemma_path, LoadOptions(n_ctx=256)).session
+    try:
+        assert echo.LOGITS_BYTES // (4 * batch.session.n_vocab) == 16
+        words = single.tokenize("Rain falls on the hills and runs down to the river. " * 4,
+                                special=False)
+        scored = prompt_logprobs(batch, 1, words, 3)
+        rows = log_probs(single, words)
+    finally:
+        batch.close()
+        single.close()
+    assert len(words) > 40 and len(scored) == len(words)
+    assert max(abs(scored[i].logprob - rows[i - 1][words[i]]) for i in range(1, len(words))) \
+        < CLOSE

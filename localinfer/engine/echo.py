@@ -19,6 +19,10 @@ from localinfer.backends import BatchSession, Piece
 from localinfer.engine.logprobs import TokenLogprob, token_logprob
 
 PIECE = 64          # positions whose logits one decode returns (llama/session.py's MAX_OUTPUTS)
+# llama.cpp keeps an output buffer as large as the most rows of logits a decode asked for, and
+# never shrinks it: the fit counts one row per sequence, so more rows are asked for only up to
+# this many bytes (SmolLM2 gets all 64, Gemma 3's 262,144-token rows 16)
+LOGITS_BYTES = 16 << 20
 
 
 def prompt_logprobs(batch: BatchSession, seq: int, tokens: Sequence[int],
@@ -26,7 +30,8 @@ def prompt_logprobs(batch: BatchSession, seq: int, tokens: Sequence[int],
     """One entry per token of `tokens`: None for the first, then each token's log-probability
     after the ones before it, with the `top` likeliest tokens' at that position."""
     scored: list[TokenLogprob | None] = [None]
-    step = max(1, min(PIECE, batch.n_batch))
+    most = max(batch.n_seq, LOGITS_BYTES // (4 * batch.session.n_vocab))
+    step = max(1, min(PIECE, batch.n_batch, most))
     try:
         # The last token's own logits score nothing here (a generation's first token has its own)
         for start in range(0, len(tokens) - 1, step):

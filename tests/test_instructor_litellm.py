@@ -3,9 +3,11 @@ choices, different under sampling, the same again under the seed), and streamed 
 arguments read as instructor's `create_partial` reads them (more than one partial object).
 
 instructor itself cannot be installed beside this project's openai (instructor 1.17 pins
-jiter < 0.15, openai 3.x needs jiter >= 0.16): its test runs where it is installed; the partial
-objects are also checked here as instructor makes them (pydantic's partial JSON parse of the
-arguments so far, each validated by a model whose fields may be missing)."""
+jiter < 0.15, this project's openai 3.60 needs jiter >= 0.16): its test runs where it is
+installed (in a virtual environment of its own, instructor 1.17 with openai 3.3, against serve on
+SmolLM2 it yielded 15 partial objects, 5 of them different, the last {city: Paris, unit: Unit}).
+The partial objects are also checked here as instructor makes them (pydantic's partial JSON
+parse of the arguments so far, each validated by a model whose fields may be missing)."""
 
 from __future__ import annotations
 

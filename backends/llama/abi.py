@@ -87,5 +87,5 @@ def _plain(value: object) -> object:
 
 @functools.cache
 def _bindings_version() -> str:
-    from localinfer.backends.llama.engine import engine_version
-    return engine_version()
+    from importlib.metadata import version
+    return version("llama-cpp-python")

@@ -247,7 +247,8 @@ def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
                             seed=options.get("seed"),
                             frequency_penalty=options.get("frequency_penalty", 0.0),
                             presence_penalty=options.get("presence_penalty", 0.0),
-                            logit_bias=tuple(dict(options.get("logit_bias") or {}).items()))
+                            logit_bias=tuple((int(token), float(bias)) for token, bias
+                                             in (options.get("logit_bias") or {}).items()))
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     limits = Limits(max_tokens, stops, logprobs=check_top(options.get("logprobs")))
     ask = pipeline.Ask(params, limits, draft=options.get("draft", "auto"),

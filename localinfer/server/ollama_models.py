@@ -173,6 +173,8 @@ def _parameters(defaults, n_ctx: int) -> str:
     pairs = [("temperature", p.temperature), ("top_k", p.top_k), ("top_p", p.top_p),
              ("min_p", p.min_p), ("repeat_penalty", p.repeat_penalty),
              ("repeat_last_n", p.repeat_last_n), ("num_ctx", n_ctx)]
+    pairs += [(name, value) for name, value in (("frequency_penalty", p.frequency_penalty),
+                                                ("presence_penalty", p.presence_penalty)) if value]
     if p.seed is not None:
         pairs.append(("seed", p.seed))
     return "\n".join(f"{name:<15}{value}" for name, value in pairs)

@@ -720,6 +720,7 @@ def test_an_exception_no_check_foresaw_is_a_json_500_and_one_log_line():
         chat_template = "{{ messages[0].content }}"
         bos_token = eos_token = None
         add_bos = False
+        n_vocab = 8                     # the Session protocol's (logit_bias ids are checked)
 
         def tokenize(self, text, *, special):
             raise RuntimeError("a bug of ours")

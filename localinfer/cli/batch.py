@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, map_remote, shell
+from localinfer.cli.answers import reuse_answers_option
 from localinfer.cli.map_feed import Feed as _Feed
 from localinfer.cli.options import (rpc_option, BACKEND, CONTEXT, OUTPUT, backend_option,
                                     cpu_moe_option, ctx_option, engine_log, fit_options,
@@ -59,6 +60,7 @@ def map_lines(
     kv_type: Optional[str] = kv_type_option(),
     no_cache: bool = typer.Option(False, "--no-cache", rich_help_panel=CONTEXT,
                                   help="Do not restore prompts from the prompt cache."),
+    reuse_answers: bool = reuse_answers_option(),
     as_jsonl: bool = typer.Option(False, "--jsonl", rich_help_panel=OUTPUT,
                                   help="One JSON object per line: input, answer, finish reason "
                                   "(or error); closed_early where -n cut a --json-schema "
@@ -72,7 +74,7 @@ def map_lines(
     no_think: bool = no_think_option(),
     think_budget: Optional[int] = think_budget_option(),
     show_thinking: Optional[bool] = show_thinking_option(),
-    verbose: int = verbose_option("-v: nothing more yet; -vv: the engine's log."),
+    verbose: int = verbose_option("-v: how many lines were decoded; -vv: the engine's log."),
     backend: str = backend_option(),
     threads: int = threads_option(),
     gpu_layers: str = gpu_layers_option(),
@@ -105,6 +107,9 @@ def map_lines(
     thinking = think_settings(think, no_think, think_budget)
     if check_logprobs(logprobs, as_jsonl, "--jsonl") is not None and server:
         raise UsageError("--logprobs is not sent to a server: drop --server to run the model here")
+    if reuse_answers and server:
+        raise UsageError("--reuse-answers is not sent to a server: drop --server to run the "
+                         "model here")
     remote = map_remote.remote(command, server, model, template, params, max_tokens, stop,
                                system=system, raw=raw, json_schema=json_schema, think=thinking)
     feed = _input_lines(ahead=2 * parallel)
@@ -127,7 +132,8 @@ def map_lines(
                                                                         logprobs=logprobs),
                                               system=system, raw=raw, think=thinking,
                                               gbnf=output.gbnf if output else None),
-                          jsonl=as_jsonl, use_cache=not no_cache, show_trace=show_trace)
+                          jsonl=as_jsonl, use_cache=not no_cache, show_trace=show_trace,
+                          reuse=reuse_answers, verbose=verbose > 0)
     finally:
         batch.close()
     _ended(printer, feed, max_tokens)
@@ -156,15 +162,17 @@ def _input_lines(ahead: int) -> _Feed:
 
 
 def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool,
-            show_trace: bool = False) -> _InOrder:
+            show_trace: bool = False, reuse: bool = False, verbose: bool = False) -> _InOrder:
     """Run the lines through the scheduler as they come, printing answers in input order.
 
     A line becomes a job (tokenized, with its sampler) only when the scheduler has a free
     sequence for it, and at most `feed.ahead` lines are read but not printed yet: memory holds
-    that window, not the input."""
+    that window, not the input. A line whose deterministic request repeats an earlier one is
+    answered with its answer, not decoded again (pipeline/reuse.py; `reuse`: the store too)."""
     from localinfer.cache import prompt_cache
     from localinfer.engine.logprobs import records
     from localinfer.engine.scheduler import Scheduler
+    from localinfer.pipeline.reuse import MapReuse
     printer = _InOrder(jsonl, show_trace)
     first = feed.peek()
     if first is None:
@@ -201,7 +209,10 @@ def _answer(batch, feed: _Feed, lines: _Lines, *, jsonl: bool, use_cache: bool,
                 progress(printer.count, created, "")
         store = prompt_cache.open_for(session, enabled=use_cache)
         prefix = lines.prefix(session, first)
-        Scheduler(batch, prefix=prefix, store=store).run([], done, arrivals)
+        shared = MapReuse(session, lines, seq_ctx, stored=reuse, notify=console.note)
+        Scheduler(batch, prefix=prefix, store=store).run([], *shared.wrap(done, arrivals))
+    if verbose:
+        console.note(shared.describe())
     return printer
 
 
@@ -362,6 +373,8 @@ class _InOrder:
                 record["reasoning"] = trace
             if not job.error and logprobs is not None:      # every token's, as run --json
                 record["logprobs"] = logprobs
+            if getattr(job, "reused", False):      # an earlier line's answer (pipeline/reuse.py)
+                record["reused"] = True
             sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
             return
         if trace and self.show_trace:

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
+from localinfer.cli.answers import reuse_answers_option
 from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, cpu_moe_option,
                                     ctx_option,
                                     draft_max_option, draft_option, engine_log, fit_options,
@@ -68,6 +69,7 @@ def run(
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
     no_cache: bool = no_cache_option(),
+    reuse_answers: bool = reuse_answers_option(),
     draft: str = draft_option(),
     draft_max: int = draft_max_option(),
     as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
@@ -123,7 +125,7 @@ def run(
                               think=thinking.think), max_tokens, truncate)
     ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop), logprobs=logprobs), draft=draft,
                        draft_max=draft_max,
-                       output=output, use_cache=not no_cache, think=thinking)
+                       output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers)
     loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
                                           threads=threads, engine_log=engine_log(verbose),
                                           probe_note=True)
@@ -240,7 +242,7 @@ class ChatOptions:
 
 
 # `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
-RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs")
+RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers")
 
 
 def _refuse_run_only(command: typer.Context) -> None:

@@ -280,7 +280,7 @@ def test_ctx_0_sizes_the_pool_to_the_trained_context(whole_context):
     assert whole_context.models.list().data[0].model_extra["context_length"] == 8192
 
 
-@pytest.mark.exhaustive          # ~110 s at 1 thread; the 3,984-token prompt below stays
+@pytest.mark.exhaustive          # ~110 s at 1 thread
 def test_a_conversation_longer_than_4096_tokens_is_answered(whole_context):
     turn = "Tell me more about the long history of the old city by the river. " * 12
     messages = []
@@ -294,6 +294,7 @@ def test_a_conversation_longer_than_4096_tokens_is_answered(whole_context):
     assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.content
 
 
+@pytest.mark.exhaustive          # ~60 s; the context a request may fill is asserted above
 def test_a_3984_token_prompt_gets_its_200_tokens(whole_context, smollm_path):
     from localinfer.backends.llama.vocab import LlamaVocab
     from localinfer.engine.prompt import raw_tokens

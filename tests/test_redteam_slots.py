@@ -121,7 +121,7 @@ def test_a_greedy_answer_does_not_depend_on_what_the_slots_held_before(smollm_pa
 
 
 # -- through the HTTP API -------------------------------------------------------------------
-# Gemma 3's server runs under -m exhaustive: SmolLM2's shows the same admission and slots.
+# Gemma 3's server runs under -m exhaustive: SmolLM2's shows the same over HTTP.
 @pytest.fixture(scope="module", params=[SMOLLM, pytest.param(GEMMA, marks=pytest.mark.exhaustive)])
 def served(request, models_home):
     proc, url = start_server(request.param, "--ctx", "2048", "--parallel", "2")

@@ -32,9 +32,9 @@ from starlette.responses import JSONResponse
 from localinfer.engine.echo import prompt_logprobs
 from localinfer.engine.logprobs import TokenLogprob, token_logprob
 from localinfer.server import access, hosting, jobs, logprob_fields, logprob_shapes as shapes
-from localinfer.server.choices import check_n
+from localinfer.server.choices import Jobs, check_n
 from localinfer.server.errors import BadRequest, error
-from localinfer.server.requests import Prepared, parse, prepare, read_body, \
+from localinfer.server.requests import Prepared, parse, prepare, read_body, usage_asked, \
     with_priority_header
 from localinfer.server.worker import Between
 
@@ -76,13 +76,13 @@ async def complete(served, request: Request):
         choices = await hosting.prepared(seen, _choices, body, seen)
     except BadRequest as e:
         return e.response()
-    reply = _Reply(seen.names[0], choices, seen.session, served.log, _usage_asked(body))
+    reply = _Reply(seen.names[0], choices, seen.session, served.log, usage_asked(body))
     return await _run(seen, request, choices, reply)
 
 
 def _choices(body: dict, seen) -> list[Choice]:
     echo = logprob_fields.echo(body)
-    _usage_asked(body)              # checked before any work
+    usage_asked(body)               # checked before any work
     out = []
     for prompt in logprob_fields.prompts(body):
         prepared = prepare({**body, "prompt": prompt}, seen.session, seen.names,
@@ -120,33 +120,6 @@ class _Ending:
         stats = job.stats
         ended = stats.finish_reason == "stop" and not stats.stop_string and not job.error
         return [self.scored] if ended and self.scored is not None else []
-
-
-def _usage_asked(body: dict) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    usage = options.get("include_usage") if isinstance(options, dict) else None
-    if not isinstance(options, dict) or usage not in (None, True, False):
-        raise BadRequest("'stream_options' must be an object whose include_usage is true or "
-                         "false", "stream_options")
-    return bool(usage)
-
-
-class _All:
-    """The choices' jobs as the one job server/jobs.py's stream cancels when it ends."""
-
-    def __init__(self, choices: list[Choice]) -> None:
-        self.jobs = [c.job for c in choices if c.runs]
-
-    @property
-    def cancelled(self) -> bool:
-        return all(job.cancelled for job in self.jobs)
-
-    @cancelled.setter
-    def cancelled(self, value: bool) -> None:
-        for job in self.jobs:
-            job.cancelled = value
 
 
 async def _run(seen, request: Request, choices: list[Choice], reply: _Reply):
@@ -261,7 +234,7 @@ class _Reply:
     def __init__(self, model: str, choices: list[Choice], session, log, usage: bool) -> None:
         self.model, self.choices, self.session, self.log = model, choices, session, log
         self.usage_asked = usage
-        self.job = _All(choices)
+        self.job = Jobs([c.job for c in choices if c.runs])
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 from localinfer.errors import UsageError
 
@@ -29,6 +30,15 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} GB"
+
+
+def ago(when: float) -> str:
+    """How long ago the time.time() `when` was, in its largest whole unit ("3 min ago")."""
+    seconds = max(0.0, time.time() - when)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
 
 
 def counted(n: int, singular: str, plural: str | None = None) -> str:

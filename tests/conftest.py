@@ -69,6 +69,18 @@ def gemma_path(models_home: Path) -> Path:
     return models_home / "data/models/gemma-3-270m/gemma-3-270m-Q4_K_M.gguf"
 
 
+@pytest.fixture(scope="session")
+def smollm_server_512(models_home):
+    """`serve smollm2 --ctx 512 --parallel 2`'s URL, one per worker for the modules that ask
+    nothing more of it (the logprobs API and lm-eval tests)."""
+    import signal
+    from helpers import start_server
+    proc, url = start_server(SMOLLM, "--ctx", "512", "--parallel", "2")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
 @pytest.fixture(scope="module")
 def in_models_home():
     """In-process code that writes caches (drafters, exactness probe, MLX conversions) uses the test

@@ -8,11 +8,10 @@ one those figures give."""
 from __future__ import annotations
 
 import json
-import signal
 
 import numpy as np
 import pytest
-from helpers import load_file, log_probs, start_server
+from helpers import load_file, log_probs
 
 lm_eval = pytest.importorskip("lm_eval")
 pytestmark = pytest.mark.slow
@@ -33,11 +32,8 @@ ITEMS = [
 
 
 @pytest.fixture(scope="module")
-def server(models_home):
-    proc, url = start_server("smollm2", "--ctx", "512", "--parallel", "2")
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+def server(smollm_server_512):
+    return smollm_server_512
 
 
 @pytest.fixture(scope="module")

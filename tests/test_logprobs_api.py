@@ -6,12 +6,11 @@ in-process (its logits, log-softmaxed here) rather than for being present."""
 from __future__ import annotations
 
 import json
-import signal
 import urllib.request
 
 import numpy as np
 import pytest
-from helpers import load_file, log_probs, post_json, prompt_tokens, start_server
+from helpers import load_file, log_probs, post_json, prompt_tokens
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -20,11 +19,8 @@ CLOSE = 1e-4        # one engine, the same arithmetic: only the batch's shape di
 
 
 @pytest.fixture(scope="module")
-def server(models_home):
-    proc, url = start_server("smollm2", "--ctx", "512", "--parallel", "2")
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+def server(smollm_server_512):
+    return smollm_server_512
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,13 @@ measure and empty every cache the tool writes (cache/kinds.py)."""
 from __future__ import annotations
 
 import json
-import time
 
 import typer
 
 from localinfer import settings
 from localinfer.cli import console
 from localinfer.errors import UsageError
-from localinfer.units import counted, human_size
+from localinfer.units import ago, counted, human_size
 
 # prompt_cache (and its numpy) is imported by each command: this module is loaded for every
 # `localinfer` invocation, because the main app registers it as a sub-command.
@@ -39,7 +38,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
         console.note("the prompt cache and the answer store are empty")
         return
     console.print_table(["CACHE", "MODEL", "TOKENS", "SIZE", "LAST USED", "ENTRY"],
-                        [[kind, h.label, str(len(h.tokens)), human_size(h.size), _ago(h.last_used),
+                        [[kind, h.label, str(len(h.tokens)), human_size(h.size), ago(h.last_used),
                           h.path.stem[:12]] for kind, h in heads])
 
 
@@ -94,9 +93,3 @@ def clear(names: list[str] = typer.Argument(None, metavar="[CACHE]...", show_def
         console.note("nothing to remove: the caches were empty")
 
 
-def _ago(when: float) -> str:
-    seconds = max(0.0, time.time() - when)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit} ago"
-    return f"{seconds:.0f} s ago"

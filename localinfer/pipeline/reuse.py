@@ -20,6 +20,7 @@ from localinfer.cache import answers
 from localinfer.cache.answers import Answer, AnswerStore
 from localinfer.engine.decode import Stats
 from localinfer.engine.logprobs import TokenLogprob
+from localinfer.units import ago
 
 # map keeps the answers of earlier lines, for lines that repeat them later, up to this many bytes
 # of text (least recently used dropped first): an input of a million lines is never held whole.
@@ -139,17 +140,9 @@ def describe(generation) -> str | None:
     if not isinstance(generation, Replay):
         return None
     saved = generation.answer.saved
-    when = f", decoded {_ago(saved)}" if saved else ""
+    when = f", decoded {ago(saved)}" if saved else ""
     return (f"answer reused from the answer store (entry {generation.reused_from[:12]}{when}): "
             f"{len(generation.tokens)} tokens replayed, none decoded")
-
-
-def _ago(when: float) -> str:
-    seconds = max(0.0, time.time() - when)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit} ago"
-    return f"{seconds:.0f} s ago"
 
 
 class MapReuse:

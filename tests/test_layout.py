@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "localinfer"
 # Lowest first. A module may import its own package and any package before it; `backends` is the
 # engine boundary (installed as localinfer.backends from ROOT/backends).
-LAYERS = ["errors", "units", "settings", "machine", "gguf", "user_config", "models", "backends",
-          "thinking", "quant", "engine", "cache", "speculate", "fit", "pipeline", "api", "measure", "server", "cli"]
+LAYERS = ["errors", "units", "settings", "machine", "gguf", "media", "user_config", "models",
+          "backends", "thinking", "quant", "engine", "cache", "speculate", "fit", "pipeline", "routing", "api", "measure", "server", "cli"]
 TERMINAL = ("typer", "rich", "click")
 MAX_LINES = 420
 

@@ -1,0 +1,118 @@
+"""Hostile images and audio (issue 46): each refused in one line naming the input and the reason,
+from its header, before any decoder sees it, in bounded time and memory — on the command line
+and on the APIs, where the server answers the next request as before."""
+
+from __future__ import annotations
+
+import base64
+import resource
+import time
+
+import pytest
+from media_files import bmp, data_url, flac, gif, inflating, jpeg, mp3, png, wav
+
+from localinfer.media import (MAX_BYTES, MAX_ITEMS, MediaError, check, count_ok, from_base64,
+                              from_data_url, read_path)
+
+VALID = {"png": png(), "jpeg": jpeg(), "gif": gif(), "bmp": bmp(), "wav": wav(), "mp3": mp3(),
+         "flac": flac()}
+# name -> (bytes, words the refusal holds)
+HOSTILE = {
+    "not media": (b"just some text, no picture", "not an image or audio file"),
+    "empty": (b"", "is empty"),
+    "webp": (b"RIFF\x1a\x00\x00\x00WEBPVP8 " + bytes(14), "WebP"),
+    "bomb by header": (png(50_000, 50_000, stream=b"x\x9c\x03\x00\x00\x00\x00\x01"),
+                       "50,000x50,000 pixels"),
+    "bomb by data": (png(16, 16, stream=inflating(4 << 20)), "decompression bomb"),
+    "truncated png": (png()[:-30], "truncated"),
+    "png bad crc": (png()[:40] + bytes([png()[40] ^ 1]) + png()[41:], "truncated or corrupt"),
+    "truncated jpeg": (jpeg(end=False), "truncated"),
+    "jpeg cut in header": (jpeg()[:12], "truncated"),
+    "animated png": (png(frames=2), "animated PNG"),
+    "animated gif": (gif(frames=3), "animated GIF"),
+    "truncated gif": (gif()[:-3], "truncated"),
+    "truncated bmp": (bmp()[:-8], "truncated"),
+    "wav riff lies": (wav(riff=1 << 30), "does not match the file"),
+    "wav data lies": (wav(data_size=1 << 30), "bytes of samples"),
+    "wav no channels": (wav(channels=0), "0 channels"),
+    "flac lying count": (flac(samples=1 << 35), "lasts"),
+    "mp3 of junk": (b"\xff\xfb" + b"\xff" * 50_000, "no MP3 frame"),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(VALID))
+def test_valid_media_pass(fmt):
+    media = check(VALID[fmt], fmt)
+    assert media.format == fmt and media.data == VALID[fmt] and len(media.digest) == 64
+    assert (media.width, media.height) > (0, 0) if media.kind == "image" else media.seconds > 0
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_media_refused_from_the_header(name):
+    data, words = HOSTILE[name]
+    started, peak = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(MediaError) as refused:
+        check(data, "photo")
+    message = str(refused.value)
+    assert message.startswith("photo") and words in message and "\n" not in message
+    assert time.monotonic() - started < 1.0
+    # nothing decoded: the process grew by no more than a few MB (ru_maxrss is in KB)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 << 10
+
+
+def test_audio_duration_bound():
+    # 1 kHz mono 16-bit samples: 20 minutes in 1.2 MB, all of it there (the header is honest)
+    head = wav(seconds=0, rate=1000)
+    size = 1200 * 1000 * 2
+    clip = head[:4] + (len(head) - 8 + size).to_bytes(4, "little") + head[8:-4] + \
+        size.to_bytes(4, "little") + bytes(size)
+    with pytest.raises(MediaError, match="lasts 1,200 s; at most 600 s"):
+        check(clip, "clip")
+    with pytest.raises(MediaError, match="lasts"):
+        check(mp3(frames=24_000), "clip")      # 627 s of MPEG frames, counted one by one
+
+
+def test_a_large_file_is_refused_unread(tmp_path):
+    big = tmp_path / "big.png"
+    with open(big, "wb") as f:          # sparse: 2 GB on paper, nothing on disk
+        f.write(png())
+        f.truncate(2 << 30)
+    started = time.monotonic()
+    with pytest.raises(MediaError, match=r"big.png is 2,147,483,648 bytes; a medium may have "
+                                         r"at most 20 MB"):
+        read_path(big)
+    assert time.monotonic() - started < 0.5
+    assert read_path(_written(tmp_path / "ok.png", png())).width == 8
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def test_too_many_media():
+    count_ok(MAX_ITEMS, "the request")
+    with pytest.raises(MediaError, match="1,000 images or audio clips; at most 32"):
+        count_ok(1000, "the request")
+
+
+@pytest.mark.parametrize("url, words", [
+    ("data:image/png,not-base64-at-all", "without ;base64"),
+    ("data:image/png;base64,@@@not base64@@@", "is not base64"),
+    ("data:text/plain;base64," + base64.b64encode(png()).decode(), "of text/plain"),
+    ("data:;base64," + base64.b64encode(png()).decode(), "of text"),
+    ("data:image/png;base64," + base64.b64encode(wav()).decode(), "holds audio (WAV)"),
+    ("https://example.invalid/cat.png", "not a data: URL"),
+])
+def test_bad_data_urls(url, words):
+    with pytest.raises(MediaError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        from_data_url(url, "messages[0].content[1]", "image")
+
+
+def test_base64_bounds():
+    assert from_base64(base64.encodebytes(png()).decode(), "images[0]").format == "png"
+    with pytest.raises(MediaError, match="characters of base64"):
+        from_base64("A" * (MAX_BYTES * 2), "images[0]")
+    with pytest.raises(MediaError, match="must be a base64 string"):
+        from_base64(12, "images[0]")
+    assert data_url(png()).startswith("data:image/png;base64,")

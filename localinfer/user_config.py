@@ -32,6 +32,7 @@ from localinfer.errors import LocalinferError, UsageError
 # cost memory and time before the command starts.
 MAX_BYTES = 1 << 20
 TABLE = "defaults"
+ROUTERS = "routers"     # [routers.NAME]: one name for several models (checked by localinfer.routing)
 # Tables and arrays within a value: an option takes a value or a list of values. A value nested
 # deeper is no option's, and would cost a recursion to show in a message.
 MAX_DEPTH = 8
@@ -82,6 +83,7 @@ class UserConfig:
     defaults: dict[str, Setting] = field(default_factory=dict)            # by normalised name
     models: dict[str, dict[str, Setting]] = field(default_factory=dict)  # by model name, lowered
     unknown: tuple[str, ...] = ()       # top-level keys other than [defaults]: ignored
+    routers: dict[str, object] = field(default_factory=dict)    # [routers], as written
 
     def settings(self) -> list[Setting]:
         """Every key the file sets, [defaults] first, then each model's table."""
@@ -114,7 +116,12 @@ def parse(data: bytes, path: Path) -> UserConfig:
                          f"[{TABLE}]", path)
     models = {name.strip().lower(): _settings(t, f"[{TABLE}.{shown_key(name)}]", path)
               for name, t in table.items() if isinstance(t, dict)}
-    return UserConfig(path, defaults, models, tuple(k for k in doc if k != TABLE))
+    routers = doc.get(ROUTERS, {})
+    if not isinstance(routers, dict):
+        raise ConfigError(f"{path}: {ROUTERS} must be a table ([{ROUTERS}.NAME]), not "
+                          f"{_kind(routers)}")
+    return UserConfig(path, defaults, models, tuple(k for k in doc if k not in (TABLE, ROUTERS)),
+                      routers)
 
 
 def toml_document(data: bytes, path: Path,

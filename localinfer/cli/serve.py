@@ -24,6 +24,7 @@ from localinfer.cli.options import (rpc_option, CONTEXT, SERVER, backend_option,
                                     temp_option,
                                     think_budget_option, think_option, think_settings,
                                     threads_option, top_k_option, top_p_option, verbose_option)
+from localinfer.cli.answers import reuse_answers_option
 from localinfer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def serve(
     think: Optional[str] = think_option(),
     no_think: bool = no_think_option(),
     think_budget: Optional[int] = think_budget_option(),
+    reuse_answers: bool = reuse_answers_option(),
     ctx: int = ctx_option(0, 0, "Context the requests share, one of them may use it all; 0 = "
                           "the model's trained context, as far as the memory budget allows."),
     rope_scaling: Optional[str] = typer.Option(
@@ -143,6 +145,7 @@ def serve(
     defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
                          think_settings(think, no_think, think_budget),
                          penalties(frequency_penalty, presence_penalty, logit_bias))
+    defaults = replace(defaults, normalise=reuse_answers)
     from localinfer.units import parse_duration
     idle = parse_duration(keep_alive, "--keep-alive")
     from localinfer.server import listen
@@ -151,7 +154,7 @@ def serve(
         _serve(sock, models or [], idle=idle, pull=pull, host=host, port=port,
                parallel=parallel, queue=queue, key=key, cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, verbose=verbose,
-               defaults=defaults,
+               defaults=defaults, reuse_answers=reuse_answers,
                fit=replace(fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                                        gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe),
                            rope_scaling=rope_scaling or ""),
@@ -164,7 +167,7 @@ def serve(
 def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port: int,
            parallel: int, queue: int, key, cors, hosts, request_timeout: float,
            defaults: Defaults, verbose: int, fit: FitOptions, load: dict,
-           use_cache: bool) -> None:
+           use_cache: bool, reuse_answers: bool = False) -> None:
     """Load the command line's models, then answer requests on `sock` until a stop is asked
     for, loading any other model a request names."""
     from localinfer.server import guard, listen
@@ -195,7 +198,8 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
             if defaults.system is not None and not _uses_template(model.session):
                 console.warn(f"{model.names[0]} has no chat template; --system is ignored")
         served = Served(hosted, key, hosts, port, console.error, request_timeout, defaults,
-                        request_log=console.note if verbose else None)
+                        request_log=console.note if verbose else None,
+                        reuse_answers=reuse_answers)
         what = ", ".join(f"{m.names[0]} ({m.n_ctx:,} tokens of context)" for m in loaded) or \
             "the models on disk"
         console.note(f"serving {what} on http://{_url_host(host)}:{port}/v1 ({parallel} at a "

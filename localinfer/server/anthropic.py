@@ -33,8 +33,7 @@ from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
 from localinfer.server import anthropic_tools, fields, hosting, jobs, reasoning, requests
-from localinfer.server import tool_stream
-from localinfer.server import tools
+from localinfer.server import reuse, tool_stream, tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
 from localinfer.thinking.style import EFFORTS
@@ -302,7 +301,8 @@ class _Reply:
                  output_tokens: int) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
-                "usage": {"input_tokens": len(self.job.prompt), "output_tokens": output_tokens}}
+                "usage": {"input_tokens": len(self.job.prompt), "output_tokens": output_tokens,
+                          **reuse.usage(self.job)}}
 
     def whole(self) -> dict:
         said = reasoning.message(self.style, self.job.text)
@@ -353,7 +353,7 @@ class _Reply:
                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence,
                          **jobs.closed_early(self.job)},
                # the whole usage, as Anthropic's own now sends it (input_tokens included)
-               "usage": {"input_tokens": len(self.job.prompt),
+               "usage": {"input_tokens": len(self.job.prompt), **reuse.usage(self.job),
                          "output_tokens": self.job.stats.generated_tokens}}
         yield {"type": "message_stop"}
 

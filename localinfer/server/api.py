@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.server import access, anthropic, choices, embeddings, guard, hosting, ollama
-from localinfer.server import reasoning
+from localinfer.server import reasoning, reuse
 from localinfer.server import completions as completing, logprob_shapes, responses, \
     tool_stream, tools
 from localinfer.server import served_metrics, tokenizer
@@ -57,6 +57,7 @@ class Served:
     defaults: Defaults = field(default_factory=Defaults)    # for what a request leaves out
     request_log: Callable[[str], None] | None = None        # one line per request (serve -v)
     metrics: served_metrics.ServedMetrics = field(default_factory=served_metrics.ServedMetrics)
+    reuse_answers: bool = False             # --reuse-answers (server/reuse.py)
     # One request's model, in the view server/hosting.py makes for it (unset on the server):
     worker: object = None                   # server.worker.Worker
     session: object = None                  # the model's session: tokenizer and template
@@ -209,7 +210,8 @@ class _Reply:
 
     def _usage(self) -> dict:
         prompt, done = self.job.stats.prompt_tokens, self.job.stats.generated_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                **reuse.usage(self.job)}
 
     def _finish(self) -> str:
         return _FINISH.get(self.job.stats.finish_reason, "stop")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from localinfer.server import reuse
 from localinfer.server.errors import BadRequest
 
 _DONE = object()        # a choice's stream has ended
@@ -56,7 +57,8 @@ class ChatChoices:
     def usage(self) -> dict:
         prompt = self.replies[0].job.stats.prompt_tokens
         done = sum(r.job.stats.generated_tokens for r in self.replies)
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                **reuse.usage(*self.job.jobs)}
 
     def whole(self) -> dict:
         bodies = [reply.whole() for reply in self.replies]

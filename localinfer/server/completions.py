@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse
 from localinfer.engine.echo import prompt_logprobs
 from localinfer.engine.logprobs import TokenLogprob, token_logprob
 from localinfer.server import access, hosting, jobs, logprob_fields, logprob_shapes as shapes
+from localinfer.server import reuse
 from localinfer.server.choices import Jobs, check_n
 from localinfer.server.errors import BadRequest, error
 from localinfer.server.requests import Prepared, parse, prepare, read_body, usage_asked, \
@@ -92,6 +93,7 @@ def _choices(body: dict, seen) -> list[Choice]:
             choice = Choice(one, echo, repeat=i > 0)
             if choice.logprobs is not None and choice.runs:
                 choice.ending = _Ending(one.job, seen.session)
+                one.decides = None      # the end's own figure is not in the answer store
             if echo:
                 choice.prompt_text = shapes.decoded(seen.session, prepared.job.prompt)
             out.append(choice)
@@ -137,15 +139,16 @@ async def _run(seen, request: Request, choices: list[Choice], reply: _Reply):
     if (entry := access.record(request.scope)) is not None:     # serve -v's line: the first
         entry.model, entry.job = seen.names[0], choices[0].job
     seen.under_way.add(events)
+    marked = reuse.headers(reply.job.jobs)      # every answer from the answer store
     if choices[0].prepared.stream:
-        return jobs._EventStream(reply, events, seen.under_way, seen.release)
+        return jobs._EventStream(reply, events, seen.under_way, seen.release, marked)
     try:
         if not await _answered(request, events, reply):
             return error(jobs.SHUTTING_DOWN, 503, code="server_shutting_down")
     finally:
         seen.under_way.discard(events)
         seen.release()
-    return reply.failure() or JSONResponse(reply.whole())
+    return reply.failure() or JSONResponse(reply.whole(), headers=marked)
 
 
 async def _started(seen, loop, events: asyncio.Queue, choices: list[Choice]
@@ -157,8 +160,10 @@ async def _started(seen, loop, events: asyncio.Queue, choices: list[Choice]
         failed = await _score(seen, choices)
         if failed is not None:
             return failed
+        stored = await asyncio.to_thread(reuse.slots, seen, [c.prepared if c.runs else None
+                                                             for c in choices])
         for i, choice in enumerate(choices):
-            if choice.runs and not _submit(seen, loop, events, i, choice):
+            if choice.runs and not _submit(seen, loop, events, i, choice, stored[i]):
                 return error("too many requests are waiting; try again shortly", 429,
                              headers={"Retry-After": "1"})
     except BaseException:
@@ -196,13 +201,17 @@ def _prompt_work(batch, seq: int, *, tokens: list[int], top: int):
     return prompt_logprobs(batch, seq, tokens, top)
 
 
-def _submit(seen, loop, events: asyncio.Queue, i: int, choice: Choice) -> bool:
+def _submit(seen, loop, events: asyncio.Queue, i: int, choice: Choice, slot) -> bool:
+    """The choice's job to the worker, or its answer from the answer store (`slot`)."""
     job, submitted, model = choice.job, time.perf_counter(), seen.names[0]
+    if jobs.replay(seen, model, job, slot, lambda item: events.put_nowait((i, item))):
+        return True
     job.on_text = lambda text: jobs._hand_over(loop, events, (i, text))
 
     def done(finished) -> None:     # in the scheduler's thread: counted before the reply
         seen.metrics.generation(model, finished, time.perf_counter() - submitted)
         jobs._hand_over(loop, events, (i, None))
+    job.on_text, done = jobs.recorded(seen, model, job, slot, job.on_text, done)
     return seen.worker.submit(job, done)
 
 
@@ -254,7 +263,8 @@ class _Reply:
     def _usage(self) -> dict:
         prompt = sum(len(c.job.prompt) for c in self.choices if not c.repeat)
         done = sum(c.job.stats.generated_tokens for c in self.choices if c.runs)
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                **reuse.usage(*self.job.jobs)}
 
     def _body(self, choices: list[dict], **extra) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created,

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from localinfer.engine.scheduler import Job
-from localinfer.server import access
+from localinfer.server import access, reuse
 from localinfer.server.errors import error
 from localinfer.server.requests import Prepared
 
@@ -53,14 +53,18 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
     every = [prepared.job, *(other.job for other in prepared.others)]
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     submitted, model = time.perf_counter(), served.names[0]
+    stored = await looked_up(served, [prepared, *prepared.others])
     refused = False
     for i, one in enumerate(every):
         tag = (lambda item: item) if len(every) == 1 else (lambda item, i=i: (i, item))
+        if replay(served, model, one, stored[i], lambda item, t=tag: events.put_nowait(t(item))):
+            continue
         one.on_text = lambda text, tag=tag: _hand_over(loop, events, tag(text))
 
         def done(finished: Job, tag=tag) -> None:   # in the scheduler's thread: counted first
             served.metrics.generation(model, finished, time.perf_counter() - submitted)
             _hand_over(loop, events, tag(None))
+        one.on_text, done = recorded(served, model, one, stored[i], one.on_text, done)
         refused = refused or not served.worker.submit(one, done)
     served.arrived()                    # the worker no longer holds a step for it
     if refused:
@@ -71,26 +75,59 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
     if (entry := access.record(request.scope)) is not None:
         entry.model, entry.job = model, prepared.job
     served.under_way.add(events)
+    marked = reuse.headers(every)           # every answer from the answer store
     if prepared.stream:
-        return _EventStream(reply, events, served.under_way, release)
+        return _EventStream(reply, events, served.under_way, release, marked)
     try:
         if not await _answered(request, events, job, len(every)):
             return fail(SHUTTING_DOWN, 503, code="server_shutting_down")
     finally:
         served.under_way.discard(events)
         release()
-    return reply.failure() or JSONResponse(reply.whole())
+    return reply.failure() or JSONResponse(reply.whole(), headers=marked)
+
+
+async def looked_up(served, prepared: list) -> list:
+    """Each job's place in the answer store (server/reuse.py), read in a thread; the lease goes
+    back if that fails."""
+    try:
+        return await asyncio.to_thread(reuse.slots, served, prepared)
+    except BaseException:
+        served.release()
+        raise
+
+
+def replay(served, model: str, job: Job, slot, hand: Callable) -> bool:
+    """Whether `job` was answered from the store: its pieces, then its end, handed to the reply
+    (on the event loop), and counted."""
+    if slot is None or slot.answer is None:
+        return False
+    for piece in reuse.replayed(job, slot.answer):
+        hand(piece)
+    hand(None)
+    served.metrics.reused_answer(model)
+    return True
+
+
+def recorded(served, model: str, job: Job, slot, on_text, on_done):
+    """(on_text, on_done) that store the answer once whole when `slot` says where; as given
+    when it does not."""
+    if slot is None:
+        return on_text, on_done
+    return reuse.recording(job, slot, on_text, on_done,
+                           lambda: served.metrics.stored_answer(model))
 
 
 class _EventStream(StreamingResponse):
     """The answer as server-sent events. However the response ends (the answer whole, the client
     gone, even before the first event, or the server stopping) its job ends with it."""
 
-    def __init__(self, reply, events: asyncio.Queue, under_way: set, release) -> None:
+    def __init__(self, reply, events: asyncio.Queue, under_way: set, release,
+                 headers: dict[str, str] | None = None) -> None:
         # server-sent events, or the reply's own framing (Ollama's NDJSON)
         super().__init__(kept_alive(reply.frames(events), getattr(reply, "keep_alive", None)),
                          media_type=getattr(reply, "media_type", "text/event-stream"),
-                         headers=SSE_HEADERS)
+                         headers={**SSE_HEADERS, **(headers or {})})
         self.job, self.events, self.under_way = reply.job, events, under_way
         self.release = release
 

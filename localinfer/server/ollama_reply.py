@@ -21,7 +21,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
-from localinfer.server import jobs, logprob_shapes, reasoning, tools
+from localinfer.server import jobs, logprob_shapes, reasoning, reuse, tools
 from localinfer.server.errors import ollama_error
 from localinfer.server.requests import Prepared
 
@@ -104,7 +104,8 @@ class Reply:
                 "prompt_eval_count": stats.prompt_tokens,
                 "prompt_eval_duration": int(stats.prefill_s * 1e9),
                 "eval_count": stats.generated_tokens,
-                "eval_duration": int(stats.decode_s * 1e9), **jobs.closed_early(self.job)}
+                "eval_duration": int(stats.decode_s * 1e9), **jobs.closed_early(self.job),
+                **reuse.usage(self.job)}
 
     def whole(self) -> dict:
         self.scored = logprob_shapes.shown(self.session, self.job) if self.logprobs else []

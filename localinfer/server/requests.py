@@ -31,7 +31,7 @@ from localinfer.engine.sampling import (BIAS_RANGE, MAX_BIASED, RANDOM_SEED, Sam
 from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import fields, logprob_fields, reasoning, tools
+from localinfer.server import fields, logprob_fields, reasoning, reuse, tools
 from localinfer.server.errors import BadRequest
 from localinfer.thinking import setup
 from localinfer.thinking.style import Style, Think
@@ -54,6 +54,7 @@ class Defaults:
     params: SamplingParams = field(default_factory=SamplingParams)
     system: str | None = None
     think: Think = Think()        # --think and --think-budget
+    normalise: bool = False       # --reuse-answers: a chat's text normalised (server/reuse.py)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Prepared:
     tools: tools.Plan | None = None     # the request's tools: calls told apart in the reply
     include_usage: bool = False         # stream_options.include_usage: a last chunk of usage
     others: list[Prepared] = field(default_factory=list)    # choices 1 to n-1 (`n`)
+    decides: reuse.Decides | None = None    # what keys its answer in the answer store
 
 
 class _OwnFailure:
@@ -207,7 +209,8 @@ def _prepare(body: dict, session, request_ctx: int, *, chat: bool,
             _OwnFailure(ConstrainedSampler(params, grammar))
         sampler = make_sampler(params) if constrained is None else constrained
         job = Job(tokens, sampler, limits, batch=_priority(body.get("priority")) == "batch")
-        return Prepared(job, stream, constrained, style, plan, include_usage)
+        return Prepared(job, stream, constrained, style, plan, include_usage,
+                        decides=reuse.decides(body, params, schema, budget, chat))
     first, *others = [choice(replace(params, seed=seed)) for seed in choice_seeds(params.seed, n)]
     first.others = others
     return first
@@ -261,6 +264,7 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
     if chat:
         template = session.chat_template or ""
         messages = _messages(body.get("messages"), template)
+        messages = reuse.normalised(messages) if defaults.normalise else messages
         if not uses_chat_template(session, False):
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
         if defaults.system is not None and not any(m["role"] == "system" for m in messages):
@@ -275,7 +279,7 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
         return logprob_fields.token_ids(prompt, session.n_vocab)
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("'prompt' must be a non-empty string or a list of token ids", "prompt")
-    return raw_tokens(session, prompt)
+    return raw_tokens(session, reuse.nfc(prompt) if defaults.normalise else prompt)
 
 
 def _sampling(body: dict, server: SamplingParams, n_vocab: int) -> SamplingParams:

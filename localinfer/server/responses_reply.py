@@ -25,7 +25,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
-from localinfer.server import jobs, logprob_shapes, reasoning, tool_stream, tools
+from localinfer.server import jobs, logprob_shapes, reasoning, reuse, tool_stream, tools
 from localinfer.server.errors import error
 from localinfer.server.requests import Prepared
 
@@ -117,7 +117,8 @@ class Reply:
                 "input_tokens_details": {"cached_tokens": stats.cached_tokens},
                 "output_tokens": stats.generated_tokens,
                 "output_tokens_details": {"reasoning_tokens": thought},
-                "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+                "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+                **reuse.usage(self.job)}
 
     # -- output items ------------------------------------------------------------------------
     def _reasoning(self, ident: str, trace: str, status: str = "completed") -> dict:

@@ -68,6 +68,11 @@ class ServedMetrics:
         self.generations = r.counter(PREFIX + "generations_total", "Generations ended, by how: "
                                      "stop, length, context, cancelled or error.",
                                      ("model", "finish"))
+        self.reused = r.counter(PREFIX + "answers_reused_total", "Requests' answers replayed "
+                                "from the answer store (serve --reuse-answers), not decoded; "
+                                "not counted as generations.", ("model",))
+        self.stored = r.counter(PREFIX + "answers_stored_total", "Answers added to the answer "
+                                "store (serve --reuse-answers).", ("model",))
         self.ttft = r.histogram(PREFIX + "time_to_first_token_seconds", "From a request's "
                                 "arrival at the scheduler (its wait for a slot included) to its "
                                 "first generated token.", TTFT_BUCKETS, ("model",))
@@ -105,6 +110,13 @@ class ServedMetrics:
         if stats.generated_tokens > 1 and stats.decode_s > 0:
             later = stats.generated_tokens - 1
             self.tpot.observe(model, value=stats.decode_s / later, times=later)
+
+    def reused_answer(self, model: str) -> None:
+        self.reused.inc(model)
+
+    def stored_answer(self, model: str) -> None:
+        """From the answer store's thread."""
+        self.stored.inc(model)
 
     def render(self, models: list[Loaded]) -> str:
         """The text of one scrape: the gauges read from `models` now, then every family."""

@@ -116,3 +116,54 @@ def test_base64_bounds():
     with pytest.raises(MediaError, match="must be a base64 string"):
         from_base64(12, "images[0]")
     assert data_url(png()).startswith("data:image/png;base64,")
+
+
+# -- the APIs: a served SmolLM2 (no projector) checks media before it says it has none ----------
+def _chat(url: str, *parts: dict) -> tuple[int, dict]:
+    from helpers import post_json
+    return post_json(url + "/v1/chat/completions", {
+        "model": "smollm2", "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                  *parts]}]})
+
+
+def _image(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_hostile_media_on_the_apis_then_the_next_request_as_before(smollm_server_512):
+    from helpers import post_json
+    url = smollm_server_512
+    bomb = data_url(HOSTILE["bomb by header"][0])
+    refusals = {
+        "50,000x50,000 pixels": _chat(url, _image(bomb)),
+        "decompression bomb": _chat(url, _image(data_url(HOSTILE["bomb by data"][0]))),
+        "animated GIF": _chat(url, _image(data_url(gif(frames=2), "image/gif"))),
+        "truncated or corrupt": _chat(url, _image(data_url(jpeg(end=False), "image/jpeg"))),
+        "1,000 images or audio clips; at most 32": _chat(url, *[_image(data_url(png()))] * 1000),
+        "is not base64": _chat(url, _image("data:image/png;base64,%%%")),
+        "data: URL of text/plain": _chat(url, _image("data:text/plain;base64,aGk=")),
+        "--allow-remote-media": _chat(url, _image("http://127.0.0.1:9/cat.png")),
+        "bytes of samples": _chat(url, {"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(wav(data_size=1 << 30)).decode(), "format": "wav"}}),
+        # a well-formed image reaches the last check: this model has no projector
+        "the model 'smollm2' has no projector for images": _chat(url, _image(data_url(png()))),
+    }
+    for words, (status, reply) in refusals.items():
+        assert status == 400 and words in reply["error"]["message"], (words, reply)
+        assert reply["error"]["type"] == "invalid_request_error"
+    # Ollama's and Anthropic's shapes, naming their own fields
+    status, reply = post_json(url + "/api/chat", {"model": "smollm2", "stream": False, "messages": [
+        {"role": "user", "content": "hi", "images": [base64.b64encode(png()).decode(),
+                                                     base64.b64encode(bmp()[:-8]).decode()]}]})
+    assert status == 400 and reply == {"error": "messages[0].images[1]: the BMP file is "
+                                                "truncated or corrupt"}, reply
+    status, reply = post_json(url + "/v1/messages", {
+        "model": "smollm2", "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png(frames=4)).decode()}},
+            {"type": "text", "text": "hi"}]}]})
+    assert status == 400 and reply["type"] == "error", reply
+    assert reply["error"]["message"].startswith("messages[0].content[0]: an animated PNG"), reply
+    status, reply = _chat(url)
+    assert status == 200 and reply["choices"][0]["message"]["content"], reply

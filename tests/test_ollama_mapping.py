@@ -87,7 +87,7 @@ def test_history_ties_each_tool_result_to_its_call():
 
 @pytest.mark.parametrize("messages, words", [
     ("hi", "list"), ([{"role": "robot"}], "role"), ([{"role": "user", "content": 5}], "content"),
-    ([{"role": "user", "content": "x", "images": ["aGk="]}], "images"),
+    ([{"role": "user", "content": "x", "images": "aGk="}], "images"),     # not a list
     ([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
                                                                           "arguments": "{}"}}]}],
      "arguments"),

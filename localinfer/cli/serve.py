@@ -106,6 +106,10 @@ def serve(
     pull: bool = typer.Option(False, "--pull", rich_help_panel=SERVER,
                               help="Let a request for a catalogue model not on disk pull it "
                               "(it waits for the download)."),
+    allow_remote_media: bool = typer.Option(
+        False, "--allow-remote-media", rich_help_panel=SERVER,
+        help="Fetch the http(s) image URLs requests name (20 MB, 10 s each); without it only "
+             "data: URLs and base64 are read."),
     verbose: int = verbose_option("-v: one line per request on stderr (method, path, status, "
                                   "model, tokens, seconds); -vv: the engine's log too."),
 ) -> None:
@@ -145,6 +149,7 @@ def serve(
     defaults = _defaults(temp, top_k, top_p, min_p, repeat_penalty, seed, system,
                          think_settings(think, no_think, think_budget),
                          penalties(frequency_penalty, presence_penalty, logit_bias))
+    defaults = replace(defaults, remote_media=allow_remote_media)
     defaults = replace(defaults, normalise=reuse_answers)
     from localinfer.units import parse_duration
     idle = parse_duration(keep_alive, "--keep-alive")

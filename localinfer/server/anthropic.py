@@ -2,7 +2,7 @@
 
 A request is checked here in Anthropic's terms (`max_tokens` required, roles user and assistant,
 and system or developer turns as agents send them mid-conversation, content as a string or text
-blocks, `system` as a string or text blocks; `output_config`'s format and effort, and the fields
+blocks (a user's image blocks too: server/anthropic_blocks.py), `system` as a string or text blocks; `output_config`'s format and effort, and the fields
 that only steer Anthropic's own service, `cache_control` and `context_management`, accepted),
 then said as the chat request server/requests.py prepares for /v1/chat/completions: the same
 template, tokens, sampling, thinking and checks, and the same job through jobs.run (queue, cancellation, shutdown). The answer
@@ -33,6 +33,8 @@ from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
 from localinfer.server import anthropic_tools, fields, hosting, jobs, reasoning, requests
+from localinfer.server.anthropic_blocks import billing_block as _billing_block
+from localinfer.server.anthropic_blocks import text_blocks as _text_blocks
 from localinfer.server import reuse, tool_stream, tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
@@ -194,40 +196,6 @@ def _system(system) -> str | None:
     raise BadRequest("'system' must be a string or a list of text blocks")
 
 
-def _billing_block(block) -> bool:
-    """Claude Code (2.1.36 on) leads its system prompt with a block for Anthropic's billing,
-    `x-anthropic-billing-header: ...; cch=HASH;`, whose hash changes with every request. It
-    says nothing to the model, and rendered first it would make every request's prompt differ
-    from its first token, so no cached prefix could ever be reused: it is dropped."""
-    return (isinstance(block, dict) and block.get("type") == "text"
-            and isinstance(block.get("text"), str)
-            and block["text"].startswith("x-anthropic-billing-header:"))
-
-
-def _text_blocks(blocks: list, where: str, thinking: list | None = None,
-                 calls: list | None = None, results: list | None = None) -> str:
-    """The text of a content list; `thinking`, `calls` and `results` (where a role may have
-    them) collect thinking blocks' text, tool_use blocks and tool_result blocks."""
-    texts = []
-    for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif kind in ("thinking", "redacted_thinking") and thinking is not None:
-            if kind == "thinking":
-                if not isinstance(block.get("thinking"), str):
-                    raise BadRequest(f"{where}[{j}].thinking must be a string")
-                thinking.append(block["thinking"])
-        elif kind == "tool_use" and calls is not None:
-            calls.append(anthropic_tools.tool_use(block, f"{where}[{j}]"))
-        elif kind == "tool_result" and results is not None:
-            results.append(anthropic_tools.tool_result(block, f"{where}[{j}]"))
-        else:
-            raise BadRequest(f"{where}[{j}]: only text blocks are supported here"
-                             + (f" (not {kind})" if isinstance(kind, str) else ""))
-    return "".join(texts)
-
-
 def _history(messages) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
@@ -246,8 +214,8 @@ def _history(messages) -> list[dict]:
         if isinstance(content, list):
             content = _text_blocks(content, f"messages[{i}].content",
                                    trace if assistant else None, calls if assistant else None,
-                                   None if assistant else results)
-        if not isinstance(content, str):
+                                   None if assistant else results, images=not assistant)
+        if not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or a list of blocks")
         out.extend(results)             # a user turn's tool results: tool messages, first
         if results and not content:

@@ -85,8 +85,10 @@ def make_app(served: Served, cors: str | None = None):
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "localinfer",
              # what one request may use, under the names vLLM and OpenRouter-style clients read
-             **({"context_length": ctx, "max_model_len": ctx} if ctx else {})}
-            for name, ctx in listed]})
+             **({"context_length": ctx, "max_model_len": ctx} if ctx else {}),
+             # a loaded model's projector: "vision", "audio" (as /api/show's capabilities)
+             **({"capabilities": media} if media else {})}
+            for name, ctx, media in listed]})
 
     async def chat(request: Request):
         return await _complete(served, request, chat=True)

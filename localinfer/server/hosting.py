@@ -59,12 +59,13 @@ class Models:
         self._lock = threading.Lock()
 
     # -- names ------------------------------------------------------------------------------
-    def key(self, name: str) -> str:
+    def key(self, name: str, trusted: bool = False) -> str:
         """The pool's key for a request's model name (blocking: reads the catalogue and the
-        store); a LocalinferError for a name that cannot be served."""
+        store); a LocalinferError for a name that cannot be served. `trusted`: the name is the
+        operator's (a router's model in config.toml), and may be a file as `run` takes one."""
         if name in self._pinned:
             return self._pinned[name]
-        if refs.looks_like_path(name):      # decided on the text alone: the disk is not asked
+        if refs.looks_like_path(name) and not trusted:  # on the text alone: the disk is not asked
             raise ModelNotFound(NOT_A_PATH)
         with self._lock:            # requests resolve their names in threads of their own
             key = self._keys.get(name)
@@ -96,11 +97,12 @@ class Models:
         self._kept.add(key)
         return model
 
-    def listed(self) -> list[tuple[str, int]]:
+    def listed(self) -> list[tuple[str, int, list[str]]]:
         """What /v1/models lists, with the context one request may use where it is known (0:
         not loaded, so not fitted yet). Blocking: reads the store."""
-        ctx = {m.names[0]: m.n_ctx for m in self._models()}
-        return [(name, ctx.get(name, 0)) for name, _ in self.files()]
+        from localinfer.server.media_parts import capabilities
+        loaded = {m.names[0]: (m.n_ctx, capabilities(m.session)) for m in self._models()}
+        return [(name, *loaded.get(name, (0, []))) for name, _ in self.files()]
 
     def files(self) -> list[tuple[str, Path]]:
         """(name, file) of every model that can be served without a download: the models loaded,
@@ -135,12 +137,13 @@ class Models:
         return self.pool.status()
 
     # -- leases -----------------------------------------------------------------------------
-    async def lease(self, name: object, keep_alive: object = None) -> Lease[ServedModel]:
+    async def lease(self, name: object, keep_alive: object = None, *,
+                    trusted: bool = False) -> Lease[ServedModel]:
         """The model a request names, loaded if need be, kept loaded as the request's
         `keep_alive` says (its field as sent: checked here); the errors each as the client's
         reply: a bad keep_alive a 400, an unknown name a 404, a full wait a 429, too large a 400,
         a failed load a 500."""
-        key, keep_alive = await self._resolved(name, keep_alive)
+        key, keep_alive = await self._resolved(name, keep_alive, trusted)
         if keep_alive is None and key in self._kept:
             keep_alive = math.inf
         try:
@@ -190,7 +193,8 @@ class Models:
     async def _key_or_404(self, name: object) -> str:
         return (await self._resolved(name, None))[0]
 
-    async def _resolved(self, name: object, keep_alive: object) -> tuple[str, float | None]:
+    async def _resolved(self, name: object, keep_alive: object,
+                        trusted: bool = False) -> tuple[str, float | None]:
         """(the pool's key for a request's name, its keep_alive in seconds or None), both read
         in a thread: neither is the event loop's work. A bad keep_alive is a 400 before the
         name's 404."""
@@ -200,12 +204,12 @@ class Models:
 
         def read() -> tuple[str, float | None]:
             seconds = check_keep_alive(keep_alive)
-            return self._key_or_raise(name), seconds
+            return self._key_or_raise(name, trusted), seconds
         return await asyncio.to_thread(read)
 
-    def _key_or_raise(self, name: str) -> str:
+    def _key_or_raise(self, name: str, trusted: bool = False) -> str:
         try:
-            return self.key(name)
+            return self.key(name, trusted)
         except LocalinferError as e:
             loaded = ", ".join(m.names[0] for m in self._models()) or "none"
             raise BadRequest(f"model '{name[:200]}' not found: {e}; loaded now: "

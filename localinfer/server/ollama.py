@@ -11,13 +11,14 @@ Ollama's `{"error": "..."}` with its status. Names: the served names, each also 
 `:latest` tag (clients add it to a name without one).
 
 /api/chat: messages (system, user, assistant, tool) with an assistant's `thinking` and
-`tool_calls` (arguments an object), a tool result's `tool_name`; `tools` as OpenAI's. Images are
-refused: no model served here sees them.
+`tool_calls` (arguments an object), a tool result's `tool_name`; `tools` as OpenAI's; a
+message's `images` (base64) before its text, for a model with a projector (server/media_parts.py).
 Both: `logprobs` and `top_logprobs` (0 to 20) give each object's `logprobs`, Ollama's list of
 the tokens it carries with their log-probabilities and alternatives (server/ollama_reply.py).
 /api/generate: `prompt` in the model's chat template after `system`, or as it is with `raw`
-(or when the model has no template). `suffix` (fill-in-the-middle), `images`, `template` (a Go
-template) and `context` (the tokens of an earlier reply) are refused: none is implemented.
+(or when the model has no template), `images` before the prompt (not with raw). `suffix`
+(fill-in-the-middle), `template` (a Go template) and `context` (the tokens of an earlier reply)
+are refused: none is implemented.
 No prompt, or no messages: the model is loaded (done_reason "load"), as Ollama answers; with
 keep_alive 0 too, it is unloaded instead (done_reason "unload"), nothing loaded to say so.
 """
@@ -34,7 +35,7 @@ from starlette.routing import Route
 
 from localinfer.engine.prompt import uses_chat_template
 from localinfer.server import hosting, jobs, ollama_models, ollama_options, ollama_reply
-from localinfer.server import logprob_fields, requests
+from localinfer.server import logprob_fields, media_parts, requests
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.requests import Prepared
 
@@ -43,7 +44,6 @@ ROLES = ("system", "user", "assistant", "tool")
 RUNNING = "Ollama is running"
 # What no request here gets: refused with these words when a request asks for it
 _NOT_GENERATED = (("suffix", "fill-in-the-middle ('suffix') is not supported here"),
-                  ("images", "'images' are not supported: no model served here sees them"),
                   ("template", "'template' (a Go template) is not supported here; the model's "
                                "own chat template is used, or none with raw"),
                   ("context", "'context' (an earlier reply's tokens) is not supported here; "
@@ -195,15 +195,31 @@ def _generate_body(body: dict, said: dict, session) -> bool | None:
         raise BadRequest("'raw' must be true or false")
     if not prompt:
         return None
+    images = _images(body.get("images"), "images")
     if raw or not uses_chat_template(session, False):
-        if system:
-            raise BadRequest("'system' needs the model's chat template, which "
+        if system or images:
+            raise BadRequest(f"'{'system' if system else 'images'}' needs the model's chat "
+                             "template, which "
                              + ("raw leaves out" if raw else "this model does not have"))
         said["prompt"] = prompt
         return False
     said["messages"] = [*([{"role": "system", "content": system}] if system else []),
-                        {"role": "user", "content": prompt}]
+                        {"role": "user", "content": _with_images(prompt, images)}]
     return True
+
+
+def _images(images, where: str) -> list[dict]:
+    """Ollama's `images` (base64 strings) as OpenAI's image parts, each named as sent."""
+    if images is None or images == []:
+        return []
+    if not isinstance(images, list):
+        raise BadRequest(f"'{where}' must be a list of base64 images")
+    return [media_parts.image_part(image, f"{where}[{k}]") for k, image in enumerate(images)]
+
+
+def _with_images(text: str, images: list[dict]) -> str | list[dict]:
+    """A turn's text after its images, as Ollama places them."""
+    return [*images, {"type": "text", "text": text}] if images else text
 
 
 def _history(messages) -> list[dict]:
@@ -216,15 +232,13 @@ def _history(messages) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest(f"messages[{i}] needs a role of {', '.join(ROLES)}")
-        if m.get("images"):
-            raise BadRequest(f"messages[{i}].images: images are not supported: no model served "
-                             f"here sees them")
         content = m.get("content")
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")
-        entry = {"role": m["role"], "content": content}
+        entry = {"role": m["role"], "content": _with_images(
+            content, _images(m.get("images"), f"messages[{i}].images"))}
         if m["role"] == "assistant":
             entry.update(_assistant(m, i, unanswered))
         elif m["role"] == "tool":

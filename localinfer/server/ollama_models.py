@@ -228,4 +228,5 @@ def _capabilities(session, template: str) -> list[str]:
         found.append("tools")
         if setup.style_of(session, [], raw=False) is not None:
             found.append("thinking")
-    return found
+    from localinfer.server.media_parts import capabilities
+    return found + capabilities(session)

@@ -32,6 +32,7 @@ from localinfer.engine.scheduler import Job
 from localinfer.engine.structured import from_schema
 from localinfer.errors import LocalinferError, ModelLoadError
 from localinfer.server import fields, logprob_fields, reasoning, reuse, tools
+from localinfer.server import media_parts
 from localinfer.server.errors import BadRequest
 from localinfer.thinking import setup
 from localinfer.thinking.style import Style, Think
@@ -54,6 +55,7 @@ class Defaults:
     params: SamplingParams = field(default_factory=SamplingParams)
     system: str | None = None
     think: Think = Think()        # --think and --think-budget
+    remote_media: bool = False    # --allow-remote-media: http(s) image URLs fetched
     normalise: bool = False       # --reuse-answers: a chat's text normalised (server/reuse.py)
 
 
@@ -153,6 +155,8 @@ def prepare(raw: bytes | dict, session, names: tuple[str, ...], request_ctx: int
     check_model(body, names)
     try:
         return _prepare(body, session, request_ctx, chat=chat, defaults=defaults)
+    except media_parts.NoProjector as e:
+        raise e.naming(body["model"]) from None
     except ModelLoadError as e:         # the chat template refused or failed on these messages
         raise BadRequest(f"the chat template cannot render these messages: "
                          f"{str(e).removesuffix(_TEMPLATE_ADVICE)}", "messages") from None
@@ -263,7 +267,8 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
             plan: tools.Plan | None = None) -> list[int]:
     if chat:
         template = session.chat_template or ""
-        messages = _messages(body.get("messages"), template)
+        reader = media_parts.Reader(defaults.remote_media)
+        messages = _messages(body.get("messages"), template, reader)
         messages = reuse.normalised(messages) if defaults.normalise else messages
         if not uses_chat_template(session, False):
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
@@ -271,8 +276,9 @@ def _tokens(body: dict, session, *, chat: bool, defaults: Defaults = Defaults(),
             messages = [{"role": "system", "content": defaults.system}, *messages]
         messages = tools.for_template(plan, messages, template)
         think = reasoning.think_of(body, defaults.think)
-        tokens = chat_tokens(session, messages, {**reasoning.template_vars(
-            body, template, think), **tools.template_vars(plan)})
+        extra = {**reasoning.template_vars(body, template, think), **tools.template_vars(plan)}
+        tokens = media_parts.chat_tokens(session, messages, extra, reader.media) \
+            if reader.media else chat_tokens(session, messages, extra)
         return tokens + setup.empty_trace_tokens(session, tokens, think.think)
     prompt = body.get("prompt")
     if isinstance(prompt, list):        # token ids, as they are (no BOS added)
@@ -364,23 +370,21 @@ def _grammar(schema, session) -> Grammar:
         raise BadRequest(reason, "response_format") from None
 
 
-def _messages(messages, template: str = "") -> list[dict[str, str]]:
+def _messages(messages, template: str = "",
+              reader: media_parts.Reader | None = None) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     if len(messages) > MAX_MESSAGES:
         raise BadRequest(f"{len(messages):,} messages; a request may hold {MAX_MESSAGES:,}",
                          "messages")
+    media_parts.count(messages)
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest(f"messages[{i}] needs a role of {', '.join(ROLES)}", "messages")
         content = m.get("content")
-        if isinstance(content, list):     # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and
-                       isinstance(p.get("text"), str) for p in content):
-                raise BadRequest(f"messages[{i}].content: only text parts are supported",
-                                 "messages")
-            content = "".join(p["text"] for p in content)
+        if isinstance(content, list):     # [{"type": "text", "text": ...}, {"type": "image_url"...
+            content = media_parts.joined(content, f"messages[{i}].content", reader)
         if content is None and m["role"] == "assistant" and m.get("tool_calls"):
             content = ""            # a turn of calls alone
         if not isinstance(content, str):

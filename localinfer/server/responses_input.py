@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from localinfer.server import requests, tools
+from localinfer.server import media_parts, requests, tools
 from localinfer.server.errors import BadRequest
 
 MAX_ITEMS = requests.MAX_MESSAGES
@@ -106,7 +106,8 @@ class _Conversation:
         if role is None:
             raise BadRequest(f"{where}.role must be user, assistant, system or developer",
                              "input")
-        message = {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+        message = {"role": role, "content": _text(item.get("content"), f"{where}.content",
+                                                  media=role == "user")}
         if role == "assistant" and self.trace:
             message["reasoning_content"], self.trace = self.trace, ""
         self.chat.append(message)
@@ -183,14 +184,19 @@ def _is_object(text: str) -> bool:
         return False
 
 
-def _text(content, where: str) -> str:
-    """A string, or a list of text parts joined."""
+def _text(content, where: str, *, media: bool = False) -> str | list[dict]:
+    """A string, or a list of text parts joined; with `media` (a user's message), input_image
+    and input_audio parts too: then OpenAI's content parts in order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise BadRequest(f"{where} must be a string or a list of text parts", "input")
-    texts = []
+    texts: list = []
     for j, part in enumerate(content):
+        medium = media_parts.responses_part(part, f"{where}[{j}]") if media else None
+        if medium is not None:
+            texts.append(medium)
+            continue
         key = _TEXT_PARTS.get(part.get("type")) if isinstance(part, dict) else None
         if key is None or not isinstance(part.get(key), str):
             kind = part.get("type") if isinstance(part, dict) else None
@@ -198,6 +204,8 @@ def _text(content, where: str) -> str:
                              f"supported" + (f", not {kind[:64]}" if isinstance(kind, str)
                                              else ""), "input")
         texts.append(part[key])
+    if any(isinstance(t, dict) for t in texts):
+        return [{"type": "text", "text": t} if isinstance(t, str) else t for t in texts]
     return "".join(texts)
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from localinfer.engine.structured import OutputFormat
     from localinfer.fit.request import Request
     from localinfer.models import refs
+    from localinfer.pipeline.similar import Similar
     from localinfer.speculate.verify import SpeculativeGeneration
 
 
@@ -62,7 +63,10 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
     # the speculative rule consumes. So a seeded sampled run does not draft under `auto`, and a
     # named drafter drafts a fixed --draft-max per round.
     seeded = params.temperature > 0 and params.rng_seed is not None
-    if draft_max == 0 or draft == "none" or (seeded and draft == "auto"):
+    # No drafter sees images or audio: with media, decoding is plain (docs/multimodal.md).
+    from localinfer.engine.media import holds_media
+    if draft_max == 0 or draft == "none" or (seeded and draft == "auto") \
+            or holds_media(session, tokens):
         return plain()
     from localinfer.speculate import choose
     drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,
@@ -86,6 +90,7 @@ class Ask:
     use_cache: bool = True          # restore from and fill the prompt cache
     think: Think = Think()          # a thinking model's --think and --think-budget
     reuse: bool = False             # --reuse-answers: answer from / add to the answer store
+    similar: Similar | None = None  # --reuse-similarity: by meaning too (pipeline/similar.py)
 
 
 def prepare(named: refs.Named, request: Request, fit: FitOptions, ask: Ask,
@@ -109,7 +114,7 @@ def prepare(named: refs.Named, request: Request, fit: FitOptions, ask: Ask,
                           store=prompt_cache.open_for(loaded.session, enabled=ask.use_cache),
                           think=ask.think, raw=request.prompt.raw)
     made = reuse.reusing(loaded.session, tokens, ask, build, raw=request.prompt.raw,
-                         notify=report.notify)
+                         notify=report.notify, prompt=request.prompt, offline=fit.offline)
     made.stats.load_s = loaded.load_s
     return loaded, made
 

@@ -33,6 +33,7 @@ class Slot:
 
     store: AnswerStore
     key: str
+    settings: dict | None = None        # what the key holds besides the model and tokens
 
 
 def slot_for(session, tokens, ask, *, raw: bool, via: str = "single",
@@ -45,20 +46,31 @@ def slot_for(session, tokens, ask, *, raw: bool, via: str = "single",
     if settings is None:
         return None
     store = answers.open_for(session, notify=notify)
-    return Slot(store, store.key(tokens, settings))
+    return Slot(store, store.key(tokens, settings), settings)
 
 
 def reusing(session, tokens, ask, build: Callable[[int], object], *, raw: bool,
-            notify: Callable[[str], None] = lambda line: None):
+            notify: Callable[[str], None] = lambda line: None, prompt=None,
+            offline: bool = False):
     """The generation `build(draft_max)` makes, replayed from the store when it holds the answer
     (built with no drafter: none is opened for a replay), or recorded into it; as built when the
-    request does not reuse answers or is not deterministic."""
+    request does not reuse answers or is not deterministic. With `ask.similar` and the request's
+    `prompt` (engine.prompt.PromptText), a request not stored is matched by meaning among those
+    that differ from it in the user's text alone (pipeline/similar.py)."""
     slot = slot_for(session, tokens, ask, raw=raw, notify=notify) if ask.reuse else None
     stored = slot.store.lookup(slot.key) if slot else None
+    probe = match = None
+    similar_ = getattr(ask, "similar", None)
+    if slot and stored is None and similar_ is not None and prompt is not None:
+        from localinfer.pipeline import similar
+        probe = similar.probe_for(session, slot, prompt, similar_, offline=offline,
+                                  notify=notify)
+        if probe is not None:
+            match, stored = similar.find(probe, slot.store, similar_.threshold)
     made = build(0 if stored else ask.draft_max)
     if stored:
-        return Replay(made, stored)
-    return Recorded(made, slot) if slot else made
+        return Replay(made, stored, match, similar_.threshold if match else None)
+    return Recorded(made, slot, probe) if slot else made
 
 
 def normalised(request):
@@ -74,12 +86,17 @@ def normalised(request):
 
 
 class ReusedStats(Stats):
-    """A replayed answer's figures: its length and end as decoded, and no decode."""
+    """A replayed answer's figures: its length and end as decoded, and no decode; for a match by
+    meaning, its cosine similarity and the stored prompt it was made for."""
 
     reused_from: str = ""
+    similarity: float | None = None
+    reused_prompt: str = ""
 
     def as_dict(self) -> dict:
-        return super().as_dict() | {"reused": True, "reused_from": self.reused_from}
+        similar = {} if self.similarity is None else {
+            "similarity": round(self.similarity, 6), "reused_prompt": self.reused_prompt}
+        return super().as_dict() | {"reused": True, "reused_from": self.reused_from} | similar
 
 
 class Replay:
@@ -87,7 +104,7 @@ class Replay:
 
     reused_from: str
 
-    def __init__(self, made, answer: Answer) -> None:
+    def __init__(self, made, answer: Answer, match=None, threshold: float | None = None) -> None:
         self.cache, self.prompt, self.limits = made.cache, made.prompt, made.limits
         self.style, self.answer, self.reused_from = made.style, answer, answer.entry
         self.stats = ReusedStats(prompt_tokens=len(made.prompt),
@@ -95,6 +112,9 @@ class Replay:
                                  finish_reason=answer.finish_reason,
                                  stop_string=answer.stop_string, closed_at=answer.closed_at)
         self.stats.reused_from = answer.entry
+        self.match, self.threshold = match, threshold      # a cache.semantic.Match, or None
+        if match is not None:
+            self.stats.similarity, self.stats.reused_prompt = match.similarity, match.prompt
         self.tokens = list(answer.tokens)
         self.logprobs = [TokenLogprob(t, lp, top) for t, lp, top in answer.logprobs or ()]
 
@@ -110,8 +130,8 @@ class Recorded:
     """A generation whose answer is stored once it ends as a whole answer (an interrupted or
     failed one is not); everything else is the generation's own."""
 
-    def __init__(self, made, slot: Slot) -> None:
-        self._made, self._slot = made, slot
+    def __init__(self, made, slot: Slot, probe=None) -> None:
+        self._made, self._slot, self._probe = made, slot, probe
         self.saved = None
 
     def __getattr__(self, name: str):
@@ -123,6 +143,8 @@ class Recorded:
             pieces.append(piece)
             yield piece
         self.saved = self._slot.store.save(self._slot.key, answer_of(self._made, pieces))
+        if self.saved is not None and self._probe is not None:     # findable by meaning too
+            self._probe.index.add(self._slot.key, self._probe.vector, self._probe.prompt)
 
 
 def answer_of(made, pieces) -> Answer:
@@ -141,8 +163,18 @@ def describe(generation) -> str | None:
         return None
     saved = generation.answer.saved
     when = f", decoded {ago(saved)}" if saved else ""
-    return (f"answer reused from the answer store (entry {generation.reused_from[:12]}{when}): "
-            f"{len(generation.tokens)} tokens replayed, none decoded")
+    match = generation.match
+    how = "" if match is None else (
+        f" by similarity {match.similarity:.4f} (at least {generation.threshold:g}) to "
+        f"{_quoted(match.prompt)}")
+    return (f"answer reused from the answer store{how} (entry {generation.reused_from[:12]}"
+            f"{when}): {len(generation.tokens)} tokens replayed, none decoded")
+
+
+def _quoted(text: str, most: int = 60) -> str:
+    """A stored prompt for a one-line note: its first line, cut, quoted."""
+    line = text.splitlines()[0] if text else ""
+    return repr(line if len(line) <= most and line == text else line[:most - 3] + "...")
 
 
 class MapReuse:

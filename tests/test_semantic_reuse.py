@@ -131,6 +131,14 @@ def test_the_closest_prompt_over_the_threshold_is_found(tmp_path):
     assert index.find(near, found.similarity + 1e-4) is None
 
 
+def test_a_prompt_with_images_or_sounds_is_never_matched_by_its_text():
+    from types import SimpleNamespace
+
+    from localinfer.pipeline.similar import Similar, probe_for
+    prompt = SimpleNamespace(text="What is in this picture?", media=("a picture",))
+    assert probe_for(None, None, prompt, Similar(0.5, "m.gguf")) is None    # nothing opened
+
+
 # -- run on SmolLM2 -----------------------------------------------------------------------------
 
 RUN = ("--temp", "0", "-n", "16", "--draft", "none", "--json")

@@ -40,12 +40,15 @@ def probe_for(session, slot, prompt, similar: Similar, *, offline: bool = False,
               notify: Callable[[str], None] = lambda line: None) -> Probe | None:
     """The probe of `run`'s request (`prompt`: its engine.prompt.PromptText, normalised; `slot`:
     its exact place, pipeline.reuse.Slot); None when its text cannot be embedded whole (longer
-    than the embedder's context: a cut text would match whatever shares its start)."""
+    than the embedder's context: a cut text would match whatever shares its start) or when it
+    holds images or sounds (the text's embedding does not see them)."""
     from localinfer.engine.prompt import prompt_tokens
     from localinfer.errors import UsageError
     from localinfer.pipeline import embed
+    if not prompt.text or getattr(prompt, "media", ()):
+        return None
     name = similar.embedder or str(session.state_identity().get("model", ""))
-    if not name or not prompt.text:
+    if not name:
         return None
     context_tokens = prompt_tokens(session, replace(prompt, text=semantic.PLACEHOLDER))
     with embed.load(name, batch=1, offline=offline) as embedder:

@@ -39,23 +39,27 @@ from localinfer.thinking.style import Think, check_think
 class _Setup:
     """What `load` was given, kept for every later fit."""
 
-    named: refs.Named
+    named: refs.Named | None        # None for a router
     fit: FitOptions
     report: Reporter
     backend: str
     threads: int
+    router: object = None           # routing.Router: `model` named a router of config.toml
 
 
 def load(model: str, *, quant: str = "auto", ctx: int = 0, backend: str = "auto",
          memory: str | None = None, kv_type: str | None = None, gpu_layers: str | int = "auto",
          threads: int = 0, offline: bool = False, cpu_moe: str | int = "auto",
-         rpc: str | None = None, notify: Callable[[str], None] | None = None) -> Model:
+         rpc: str | None = None, notify: Callable[[str], None] | None = None,
+         mmproj: str | None = None) -> Model:
     """Resolve, pull, fit and load a model as `localinfer run MODEL` would (same options, same
     refusals, as exceptions). `ctx` 0 sizes the context to each prompt; `memory` is a budget such
     as "6GB"; `cpu_moe` keeps a mixture of experts' experts of that many layers in RAM (auto:
     as the GPU needs); `rpc` names `localinfer worker`s as --rpc does ("host:50052,..."): once
     connected they stay in this process's llama.cpp, and later loads use them too; `notify`
-    hears the notes `run` writes to stderr."""
+    hears the notes `run` writes to stderr; `mmproj` names the projector that images and audio
+    go through (default: mmproj*.gguf beside a model file), loaded with the first call that
+    sends media."""
     if threads < 0:
         raise UsageError(f"threads must be 0 (automatic) or more, not {threads}")
     if ctx < 0:
@@ -68,8 +72,17 @@ def load(model: str, *, quant: str = "auto", ctx: int = 0, backend: str = "auto"
                      gpu_layers=gpu_layers_count(gpu_layers), offline=offline,
                      cpu_moe=cpu_moe_count(cpu_moe))
     report = Reporter(notify=notify) if notify else Reporter()
+    from localinfer import routing
+    router = routing.lookup(model)      # a router's config is checked before anything loads
+    if router is not None:
+        if quant.lower() != "auto":
+            raise UsageError(f"quant does not apply to router {router.name}: its models name "
+                             "their variants")
+        # Its models load when a request first reaches each (routing.Pool).
+        return Model(_Setup(None, fit, report, backend, threads, router))
     named = loading.name(model, fit, report)
     made = Model(_Setup(named, fit, report, backend, threads))
+    made._mmproj = mmproj
     made._open()
     return made
 
@@ -87,10 +100,17 @@ class Model:
         # prints them (None: not asked for)
         self.logprobs: list[dict] | None = None
         self._embedder = None               # the model in embedding mode, opened by embed()
+        self._mmproj: str | None = None     # load's mmproj (see _media)
+        self._pool = None                   # a router's models (routing.Pool), as loaded
+        # Through a router: how the last call went (routed_to, confidence, threshold, route);
+        # `stats.as_dict()` carries it too. None for a model.
+        self.route: dict | None = None
 
     @property
     def name(self) -> str:
         """The variant loaded, as `run -v` names it (e.g. smollm2-135m-instruct:Q4_1)."""
+        if self._setup.router is not None:
+            return self._setup.router.name
         return self._loaded.ref.display if self._loaded else self._setup.named.ref.display
 
     @property
@@ -105,7 +125,8 @@ class Model:
         json_schema (a dict or a JSON string), grammar (GBNF text), cache, think (True, False,
         or "low"/"medium"/"high"), think_budget, logprobs (0 to 20: `logprobs` after the call
         holds each token's, and the N likeliest tokens'), reuse_answers (a deterministic
-        request answered from the answer store: `stats.as_dict()["reused"]`). A thinking
+        request answered from the answer store: `stats.as_dict()["reused"]`), priority (a
+        rule router's `priority` rules; `route` after the call says which model answered). A thinking
         model's trace is not in it: it is `reasoning` after the call."""
         return "".join(self.stream(prompt, **options))
 
@@ -117,8 +138,13 @@ class Model:
         """(kind, text) pieces as they are decoded: kind "reasoning" for a thinking model's
         trace, "answer" for the answer."""
         self._check_open()
+        priority = options.pop("priority", None)        # a rule router's `priority` rules
         ask, system, raw = _ask(options)
-        request = _request(PromptText(prompt, 0, system, raw, ask.think.think), ask)
+        request = _request(PromptText(prompt, 0, system, raw, ask.think.think,
+                                      self._media(options)), ask)
+        if self._setup.router is not None:
+            yield from self._routed(request, ask, priority)
+            return
         self._loaded, made = pipeline.prepare(
             self._setup.named, request, self._setup.fit, ask, self._setup.report,
             backend=self._setup.backend, threads=self._setup.threads, loaded=self._loaded)
@@ -129,8 +155,13 @@ class Model:
         model's chat template (`system` adds a system message in front)."""
         self._check_open()
         ask, system, raw = _ask(options)
+        if options.get("images") or options.get("audio"):
+            raise UsageError("chat() takes no images or audio yet: use generate(prompt, images=...)")
         if raw:
             raise UsageError("chat takes messages for the chat template; use generate(raw=True)")
+        if self._setup.router is not None:
+            raise UsageError(f"chat() does not go through router {self.name} yet: use "
+                             "generate(), or load one of its models")
         conversation = ([{"role": "system", "content": system}] if system else []) + messages
         return "".join(text for kind, text in self._chat(conversation, ask) if kind == ANSWER)
 
@@ -141,6 +172,8 @@ class Model:
         with `truncate`. The first call loads the model a second time, in embedding mode."""
         from localinfer.pipeline import embed
         self._check_open()
+        if self._setup.router is not None:
+            raise UsageError(f"{self.name} is a router; embed with one of its models")
         if self._embedder is None:
             setup = self._setup
             self._embedder = embed.open_embedder(setup.named, setup.fit, setup.report,
@@ -155,6 +188,9 @@ class Model:
         if self._loaded is not None:
             self._loaded.session.close()
             self._loaded = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def __enter__(self) -> Model:
         return self
@@ -175,6 +211,20 @@ class Model:
         fitted = loading.fit_model(setup.named, setup.fit, setup.report, threads=setup.threads)
         self._loaded = loading.reuse_or_load(self._loaded, fitted, backend=setup.backend,
                                              offline=setup.fit.offline, report=setup.report)
+
+    def _routed(self, request, ask: pipeline.Ask, priority: str | None) -> Iterator[Part]:
+        """A request through the router: its answering model's answer, as `run ROUTER` gives."""
+        from localinfer import routing
+        if ask.reuse:
+            raise UsageError(f"reuse_answers does not work through router {self.name} yet")
+        setup = self._setup
+        if self._pool is None:
+            self._pool = routing.Pool(setup.fit, setup.report, backend=setup.backend,
+                                      threads=setup.threads)
+        made = routing.prepare(setup.router, request, ask, self._pool, priority=priority)
+        self.route = None
+        yield from self._run(made, ask)
+        self.route = made.outcome.fields()
 
     def _chat(self, conversation: list[dict], ask: pipeline.Ask) -> Iterator[str]:
         from localinfer.cache import prompt_cache
@@ -198,6 +248,32 @@ class Model:
         yield from self._run(reuse.reusing(session, tokens, ask, build, raw=False,
                                            notify=self._setup.report.notify), ask)
 
+    def _media(self, options: dict) -> tuple:
+        """`images` and `audio` (paths, bytes or localinfer.media.Media), checked before anything
+        decodes them; the first call with media loads the projector with the model, for good."""
+        from dataclasses import replace
+
+        from localinfer import media
+        from localinfer.engine.media import find_projector
+        given = []
+        for kind in ("images", "audio"):
+            items = options.get(kind) or ()
+            if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+                raise UsageError(f"{kind} must be a list (of paths, bytes or Media)")
+            expect = "image" if kind == "images" else "audio"
+            media.count_ok(len(given) + len(items), "the request")
+            given += [m if isinstance(m, media.Media) else
+                      media.check(bytes(m), f"{expect} {k + 1}", expect)
+                      if isinstance(m, (bytes, bytearray)) else media.read_path(m, expect)
+                      for k, m in enumerate(items)]
+        if given and not self._setup.fit.mmproj:
+            ref = self._setup.named.ref if self._setup.named else None
+            if ref is None:
+                raise UsageError("images and audio do not go through a router yet")
+            path = find_projector(str(ref.path or ref.display), self._mmproj, tuple(given))
+            self._setup = replace(self._setup, fit=replace(self._setup.fit, mmproj=path))
+        return tuple(given)
+
     def _run(self, made, ask: pipeline.Ask) -> Iterator[Part]:
         from localinfer.cache import prompt_cache
         from localinfer.thinking.setup import no_answer
@@ -210,16 +286,17 @@ class Model:
         for part in cut.flush() if cut else []:
             (answer if part.kind == ANSWER else trace).append(part.text)
             yield part
+        loaded = getattr(made, "loaded", None) or self._loaded     # a router's: the one that answered
         self.stats, self.reasoning = made.stats, "".join(trace) if cut else None
         self.logprobs = None if ask.limits.logprobs is None else \
-            records(made.logprobs, self._loaded.session.piece)
+            records(made.logprobs, loaded.session.piece)
         prompt_cache.persist(made.cache)
         finish = made.stats.finish_reason
         unanswered = no_answer(cut is not None and cut.in_trace, finish, ask.limits.max_tokens,
-                               self._loaded.session.n_ctx)
+                               loaded.session.n_ctx)
         if unanswered:
             raise LocalinferError(unanswered)
-        problem = pipeline.incomplete_answer(ask, "".join(answer), made, self._loaded)
+        problem = pipeline.incomplete_answer(ask, "".join(answer), made, loaded)
         if problem:
             raise LocalinferError(problem)
 
@@ -227,7 +304,7 @@ class Model:
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
             "frequency_penalty", "presence_penalty", "logit_bias",
             "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
-            "think", "think_budget", "logprobs", "reuse_answers"}
+            "think", "think_budget", "logprobs", "reuse_answers", "images", "audio"}
 
 
 def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:

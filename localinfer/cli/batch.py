@@ -124,6 +124,16 @@ def map_lines(
     from localinfer.thinking.setup import check_asked, style_of
     fit, report = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                               gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe), reporter()
+    from localinfer.cli import routed
+    router = routed.router_for(model, quant=quant, reuse_answers=reuse_answers)
+    if router is not None:      # one line at a time through the router (docs/routing.md)
+        printer = _InOrder(as_jsonl, show_trace)
+        routed.map_lines(router, feed, printer, template=template, params=params,
+                         limits=Limits(max_tokens, tuple(stop), logprobs=logprobs), system=system,
+                         raw=raw, think=thinking, output=output, fit=fit, report=report,
+                         backend=backend, threads=threads, engine_log=engine_log(verbose),
+                         use_cache=not no_cache, verbose=verbose > 0)
+        return _ended(printer, feed, max_tokens)
     ref, batch = load.open_batch(load.name(model, fit, report), fit, report, parallel=parallel,
                                  threads=threads, engine_log=engine_log(verbose), backend=backend)
     try:
@@ -375,6 +385,8 @@ class _InOrder:
                 record["logprobs"] = logprobs
             if getattr(job, "reused", False):      # an earlier line's answer (pipeline/reuse.py)
                 record["reused"] = True
+            if not job.error:                      # through a router: which model answered
+                record |= getattr(job, "routed", {})
             sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
             return
         if trace and self.show_trace:

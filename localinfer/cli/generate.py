@@ -9,8 +9,7 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.answers import (reuse_answers_option, reuse_embedder_option,
-                                    reuse_similarity_option, similar)
+from localinfer.cli.answers import reuse_answers_option
 from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, cpu_moe_option,
                                     ctx_option,
                                     draft_max_option, draft_option, engine_log, fit_options,
@@ -71,8 +70,6 @@ def run(
     kv_type: Optional[str] = kv_type_option(),
     no_cache: bool = no_cache_option(),
     reuse_answers: bool = reuse_answers_option(),
-    reuse_similarity: Optional[float] = reuse_similarity_option(),
-    reuse_embedder: Optional[str] = reuse_embedder_option(),
     draft: str = draft_option(),
     draft_max: int = draft_max_option(),
     as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
@@ -122,16 +119,19 @@ def run(
                             repeat_penalty=repeat_penalty, seed=seed,
                             **penalties(frequency_penalty, presence_penalty, logit_bias))
     report = reporter()
-    matching = similar(reuse_similarity, reuse_embedder)
-    reuse_answers = reuse_answers or matching is not None      # a threshold turns reuse on
-    named = load.name(model, fit, report)
+    from localinfer.cli import routed
+    router = routed.router_for(model, quant=quant, reuse_answers=reuse_answers)
+    named = load.name(model, fit, report) if router is None else None
     # The prompt is read before the fit: the context is sized to it.
     request = Request(replace(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
                               think=thinking.think), max_tokens, truncate)
     ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop), logprobs=logprobs), draft=draft,
                        draft_max=draft_max,
-                       output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers,
-                       similar=matching)
+                       output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers)
+    if router is not None:      # one name for several models (docs/routing.md)
+        return routed.run(router, request, fit, ask, report, backend=backend, threads=threads,
+                          engine_log=engine_log(verbose), as_json=as_json, verbose=verbose > 0,
+                          show_trace=show_by_default(show_thinking), max_tokens=max_tokens)
     loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
                                           threads=threads, engine_log=engine_log(verbose),
                                           probe_note=True)
@@ -248,8 +248,7 @@ class ChatOptions:
 
 
 # `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
-RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers",
-            "reuse_similarity", "reuse_embedder")
+RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers")
 
 
 def _refuse_run_only(command: typer.Context) -> None:
@@ -270,6 +269,8 @@ def open_chat(o: ChatOptions) -> None:
     from localinfer.engine.structured import from_options
     from localinfer.pipeline import load
     from localinfer.thinking.setup import check_asked, style_of
+    from localinfer.cli import routed
+    routed.refuse_chat(o.model)
     _check_max_tokens(o.max_tokens)
     params = SamplingParams(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                             repeat_penalty=o.repeat_penalty, seed=o.seed,

@@ -145,3 +145,19 @@ def _memory_rows(table: dict[str, dict[str, int]]) -> list[list[str]]:
              f"{human_size(e['total'])} (weights {mb(e['weights'])} + KV {mb(e['kv_cache'])}"
              f" + compute {mb(e['compute'])} + overhead {mb(e['overhead'])} MB)"]
             for ctx, e in table.items()]
+
+
+def router_facts(router) -> dict:
+    """What `info ROUTER` and `show ROUTER` print of a router (routing.Router): its policy,
+    models and decision, as config.toml declares them."""
+    import math
+    from localinfer.routing import Cascade
+    facts: dict = {"router": router.name, "declared_in": f"{router.path} [routers.{router.name}]",
+                   "policy": router.kind, "models": list(router.models)}
+    policy = router.policy
+    if isinstance(policy, Cascade):
+        finite = math.isfinite(policy.threshold)
+        return facts | {"decides_after_tokens": policy.tokens, "confidence": policy.measure,
+                        "threshold": policy.threshold if finite else str(policy.threshold)}
+    return facts | {"rules": [line for _, line in router.describe() if "->" in line],
+                    "otherwise": policy.default}

@@ -124,6 +124,9 @@ def info(
     localinfer info model.gguf --json
     """
     from localinfer.cli import info as model_info
+    from localinfer.routing import lookup
+    if (router := lookup(model)) is not None:       # a router's policy and models
+        return model_info.show(model_info.router_facts(router), as_json=as_json)
     _, cat, store = refs.context()
     facts = model_info.describe(refs.parse_ref(model, cat), store)
     model_info.show(facts, as_json=as_json)

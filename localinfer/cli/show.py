@@ -15,7 +15,7 @@ import typer
 
 from localinfer.cli import console
 from localinfer.cli.options import json_option
-from localinfer.errors import LocalinferError
+from localinfer.errors import LocalinferError, UsageError
 from localinfer.models.refs import ModelRef
 
 TEMPLATE_KEY = "tokenizer.chat_template"
@@ -44,6 +44,13 @@ def show(
     localinfer show smollm2 --template > chatml.jinja
     localinfer show smollm2 --parameters
     """
+    from localinfer.routing import lookup
+    if (router := lookup(model)) is not None:
+        if template or parameters:
+            raise UsageError(f"{model} is a router: --template and --parameters describe one "
+                             f"model; name one of its models ({', '.join(router.models)})")
+        from localinfer.cli import info
+        return info.show(info.router_facts(router), as_json=as_json)
     sections = [name for name, chosen in (("template", template), ("parameters", parameters))
                 if chosen] or ["template", "parameters", "special_tokens"]
     run = ctx.find_root().command.commands["run"]

@@ -73,7 +73,8 @@ class Outcome:
         if self.threshold is None:
             return {"routed_to": self.routed_to, "rule": self.rule}
         return {"routed_to": self.routed_to, "confidence": _json(self.confidence),
-                "threshold": _json(self.threshold),
+                "threshold": self.threshold if math.isfinite(self.threshold)
+                else str(self.threshold),         # "inf" / "-inf": always / never up
                 "route": [{"model": s.model, "confidence": _json(s.confidence),
                            "accepted": s.accepted} for s in self.steps]}
 
@@ -83,8 +84,8 @@ class Outcome:
         if policy is None:
             return f"router {router}: {self.rule} sent it to {self.routed_to}"
         tried = "; ".join(
-            f"{s.model} {'kept' if s.accepted else 'passed on'} at "
-            f"{'unmeasured' if s.confidence is None else f'{s.confidence:.3f}'}"
+            f"{s.model} answered" if s.confidence is None else
+            f"{s.model} at {s.confidence:.3f}: {'kept' if s.accepted else 'passed on'}"
             for s in self.steps)
         return (f"router {router}: answered by {self.routed_to} ({tried}; {policy.measure} "
                 f"confidence over the first {policy.tokens} tokens, threshold "

@@ -42,7 +42,7 @@ RULE_FLAGS = ("schema", "tools", "thinking")
 RULE_COUNTS = ("min_prompt_tokens", "max_prompt_tokens")
 
 
-def routers(config: UserConfig) -> dict[str, Router]:
+def checked(config: UserConfig) -> dict[str, Router]:
     """Every router the file declares, by name (lowered), checked as a whole."""
     from localinfer.models import catalogue
     found = {}
@@ -161,6 +161,11 @@ def _check_members(found: dict[str, Router], path: Path, cat) -> None:
     """Each member names a model that exists, or (a rule router's) another router; no router
     reaches itself."""
     for router in found.values():
+        cycle = _cycle(router.name, found, [])
+        if cycle:
+            raise ConfigError(f"{path}: [routers.{router.name}] reaches itself: "
+                              f"{' -> '.join(cycle)}; a router cannot hold itself")
+    for router in found.values():
         where = f"{path}: [routers.{router.name}]"
         for member in router.models:
             inner = found.get(member.lower())
@@ -169,11 +174,6 @@ def _check_members(found: dict[str, Router], path: Path, cat) -> None:
             elif router.kind == "cascade" and inner.name != router.name:
                 raise ConfigError(f"{where}: '{member}' is a router; a cascade's models are "
                                   "models (a rule router may name a cascade)")
-    for router in found.values():
-        cycle = _cycle(router.name, found, [])
-        if cycle:
-            raise ConfigError(f"{path}: [routers.{router.name}] reaches itself: "
-                              f"{' -> '.join(cycle)}; a router cannot hold itself")
 
 
 def _cycle(name: str, found: dict[str, Router], trail: list[str]) -> list[str] | None:
@@ -218,7 +218,7 @@ def _cut(text: str) -> str:
 def load(path: Path | None = None) -> dict[str, Router]:
     """The routers of the user's config.toml (or `path`); {} without one."""
     config = read(path or settings.load().user_config)
-    return routers(config) if config is not None else {}
+    return checked(config) if config is not None else {}
 
 
 def routers() -> dict[str, Router]:

@@ -139,6 +139,15 @@ def test_a_prompt_with_images_or_sounds_is_never_matched_by_its_text():
     assert probe_for(None, None, prompt, Similar(0.5, "m.gguf")) is None    # nothing opened
 
 
+def test_a_missing_embedder_file_is_one_line_before_anything_loads(tmp_path):
+    result = run_cli("run", str(tmp_path / "absent-model.gguf"), "Hi", "--reuse-similarity",
+                     "0.9", "--reuse-embedder", str(tmp_path / "absent-embedder.gguf"),
+                     home=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"localinfer: error: --reuse-embedder: no such model file: "
+                                     f"{tmp_path / 'absent-embedder.gguf'}")
+
+
 # -- run on SmolLM2 -----------------------------------------------------------------------------
 
 RUN = ("--temp", "0", "-n", "16", "--draft", "none", "--json")

@@ -32,5 +32,14 @@ def similar(threshold: float | None, embedder: str | None):
     """--reuse-similarity and --reuse-embedder as the request carries them; None (exact matching
     only) without a threshold, whatever the embedder (a config file may name one for the runs
     that ask for a threshold)."""
+    from pathlib import Path
+
+    from localinfer.errors import UsageError
+    from localinfer.models.refs import looks_like_path
     from localinfer.pipeline.similar import Similar
-    return None if threshold is None else Similar(threshold, embedder or "")
+    if threshold is None:
+        return None
+    # A missing file is refused before the answering model loads (a name is checked as it loads).
+    if embedder and looks_like_path(embedder) and not Path(embedder).expanduser().is_file():
+        raise UsageError(f"--reuse-embedder: no such model file: {embedder}")
+    return Similar(threshold, embedder or "")

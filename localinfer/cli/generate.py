@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from localinfer.cli import console, shell
-from localinfer.cli.answers import reuse_answers_option
+from localinfer.cli.answers import (reuse_answers_option, reuse_embedder_option,
+                                    reuse_similarity_option, similar)
 from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, cpu_moe_option,
                                     ctx_option,
                                     draft_max_option, draft_option, engine_log, fit_options,
@@ -70,6 +71,8 @@ def run(
     kv_type: Optional[str] = kv_type_option(),
     no_cache: bool = no_cache_option(),
     reuse_answers: bool = reuse_answers_option(),
+    reuse_similarity: Optional[float] = reuse_similarity_option(),
+    reuse_embedder: Optional[str] = reuse_embedder_option(),
     draft: str = draft_option(),
     draft_max: int = draft_max_option(),
     as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
@@ -119,6 +122,8 @@ def run(
                             repeat_penalty=repeat_penalty, seed=seed,
                             **penalties(frequency_penalty, presence_penalty, logit_bias))
     report = reporter()
+    matching = similar(reuse_similarity, reuse_embedder)
+    reuse_answers = reuse_answers or matching is not None      # a threshold turns reuse on
     from localinfer.cli import routed
     router = routed.router_for(model, quant=quant, reuse_answers=reuse_answers)
     named = load.name(model, fit, report) if router is None else None
@@ -127,7 +132,8 @@ def run(
                               think=thinking.think), max_tokens, truncate)
     ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop), logprobs=logprobs), draft=draft,
                        draft_max=draft_max,
-                       output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers)
+                       output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers,
+                       similar=matching)
     if router is not None:      # one name for several models (docs/routing.md)
         return routed.run(router, request, fit, ask, report, backend=backend, threads=threads,
                           engine_log=engine_log(verbose), as_json=as_json, verbose=verbose > 0,
@@ -248,7 +254,8 @@ class ChatOptions:
 
 
 # `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
-RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers")
+RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers",
+            "reuse_similarity", "reuse_embedder")
 
 
 def _refuse_run_only(command: typer.Context) -> None:

@@ -48,6 +48,8 @@ class LoadOptions:
     n_seq: int = 1                # KV sequences in the context (llama/batched.py: one per request)
     rope_scaling: str = ""        # "yarn" or "linear": n_ctx stretches the trained context (the
                                   # fit refuses one beyond it otherwise); "": the model's own
+    mmproj: str = ""              # a projector file loaded beside the model for images and audio
+                                  # (llama.cpp: backends/llama/mtmd.py); "": none
 
 
 class Grammar(Protocol):

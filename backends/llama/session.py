@@ -79,6 +79,14 @@ class LlamaCppSession(GGUFVocabulary):
         self._batch = self._new_batch(self.n_batch)
         self._logits_type = ctypes.c_float * self.n_vocab
         self._row0_view: np.ndarray | None = None    # see _last_logits
+        self.media = None        # a projector (mtmd.attach) when images or audio may come
+        if options.mmproj:
+            from localinfer.backends.llama.mtmd import attach
+            try:
+                attach(self, Path(options.mmproj), verbose=options.verbose)
+            except Exception:
+                self.close()
+                raise
 
     # -- loading ---------------------------------------------------------------------------------
     def _steered_context(self, options: LoadOptions, n_ctx: int):
@@ -180,6 +188,14 @@ class LlamaCppSession(GGUFVocabulary):
             raise LocalinferError(f"llama_decode failed with code {rc} at position {pos}")
         self._n_past, self._unsure = pos + n, False
 
+    def advance_unsure(self) -> None:
+        """Before a decode another module makes (mtmd.py's embeddings): see n_past."""
+        self._unsure = True
+
+    def advanced(self, n_past: int) -> None:
+        """After that decode: n_past cells held; the output buffer may have moved."""
+        self._n_past, self._unsure, self._row0_view = n_past, False, None
+
     def steer_rows(self, n: int) -> None:
         """Before a decode of n rows: the kernels a graph that tall takes (steer.py)."""
         if self._steer is not None:
@@ -258,6 +274,9 @@ class LlamaCppSession(GGUFVocabulary):
 
     def close(self) -> None:
         lib = engine()
+        if getattr(self, "media", None) is not None:
+            self.media.close()
+            self.media = None
         if getattr(self, "_ctx", None):
             lib.llama_batch_free(self._batch)
             lib.llama_free(self._ctx)

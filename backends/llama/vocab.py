@@ -77,6 +77,8 @@ class GGUFVocabulary:
         """The bytes one token stands for (control tokens render as nothing); cached per token."""
         cached = self._pieces.get(token)
         if cached is None:
+            if not 0 <= token < self.n_vocab:     # a medium's placeholder (mtmd.py): no text
+                return b""                        # (llama.cpp would abort on the id)
             lib = engine()
             n = lib.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
             cached = self._piece_buf.raw[:max(n, 0)]
@@ -91,10 +93,14 @@ class GGUFVocabulary:
         a 262k vocabulary at load, and remembered: a dict lookup is cheaper than a ctypes call."""
         known = self._eog.get(token)
         if known is None:
+            if not 0 <= token < self.n_vocab:
+                return False
             known = self._eog[token] = bool(engine().llama_vocab_is_eog(self._vocab, token))
         return known
 
     def token_text(self, token: int) -> str:
+        if not 0 <= token < self.n_vocab:
+            return ""
         return engine().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
     def grammar(self, gbnf: str):

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from localinfer.cli import console, shell
+from localinfer.cli import console, media_args, shell
 from localinfer.cli.answers import (reuse_answers_option, reuse_embedder_option,
                                     reuse_similarity_option, similar)
 from localinfer.cli.options import (rpc_option, CONTEXT, backend_option, check_backend, cpu_moe_option,
@@ -90,6 +90,9 @@ def run(
     rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
+    image: list[str] = media_args.image_option(),
+    audio: list[str] = media_args.audio_option(),
+    mmproj: Optional[str] = media_args.mmproj_option(),
 ) -> None:
     """Generate a completion and stream it to stdout (a thinking model's trace: never stdout).
 
@@ -118,6 +121,9 @@ def run(
     thinking = think_settings(think, no_think, think_budget)
     fit = fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                       gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe)
+    from localinfer.engine.media import find_projector
+    media = media_args.read(image, audio)       # checked, the projector found, before any load
+    fit = replace(fit, mmproj=find_projector(model, mmproj, media))
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed,
                             **penalties(frequency_penalty, presence_penalty, logit_bias))
@@ -128,8 +134,9 @@ def run(
     router = routed.router_for(model, quant=quant, reuse_answers=reuse_answers)
     named = load.name(model, fit, report) if router is None else None
     # The prompt is read before the fit: the context is sized to it.
-    request = Request(replace(shell.prompt_text(shell.read_stdin(), prompt, system=system, raw=raw),
-                              think=thinking.think), max_tokens, truncate)
+    piped = None if media_args.uses_stdin(image, audio) else shell.read_stdin()
+    request = Request(replace(shell.prompt_text(piped, prompt, system=system, raw=raw),
+                              think=thinking.think, media=media), max_tokens, truncate)
     ask = pipeline.Ask(params, Limits(max_tokens, tuple(stop), logprobs=logprobs), draft=draft,
                        draft_max=draft_max,
                        output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers,

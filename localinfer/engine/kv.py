@@ -4,24 +4,14 @@ re-evaluates only what differs, and the persistent prompt cache plugged in behin
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from localinfer.backends import Session
-from localinfer.engine import batching
+from localinfer.engine import batching, media
+from localinfer.engine.prefix import CacheEvent, common_prefix  # both re-exported here
 from localinfer.errors import ContextOverflow, LocalinferError
-
-
-@dataclass(frozen=True)
-class CacheEvent:
-    """What the prompt cache did for the last prefill, for `-v`."""
-
-    hit: bool
-    restored: int = 0          # tokens whose KV state came from disk
-    seconds: float = 0.0       # reading, verifying and restoring it
-    note: str = ""             # why nothing was restored
 
 
 class KVCache:
@@ -39,11 +29,14 @@ class KVCache:
         self.last_event: CacheEvent | None = None
         self._canonical = 0        # leading KV entries computed as any cold run would compute them
         self._pending: list[tuple[list[int], bytes]] = []
+        self.canonical_media = 0   # leading cells as a cold run with media computes them (media.py)
         self._window = int(getattr(session, "sliding_window", 0) or 0)
         self._n_batch = int(getattr(session, "n_batch", 512))
 
     def prefill(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         """Evaluate the prompt, reusing the longest common prefix; returns (last logits, reused)."""
+        if media.holds_media(self.session, prompt):    # images or audio: their own rules
+            return media.prefill(self, prompt)
         n = len(prompt)
         if n > self.session.n_ctx:
             raise ContextOverflow(
@@ -62,6 +55,7 @@ class KVCache:
             reuse = 0
         del self.tokens[reuse:]
         self._canonical = min(self._canonical, reuse)
+        self.canonical_media = min(self.canonical_media, reuse)
         canonical = reuse == self._canonical and reuse % batching.GRAIN == 0 and reuse <= limit
         logits = self._evaluate(prompt, reuse, snapshots=canonical and self.store is not None)
         if canonical:
@@ -75,7 +69,7 @@ class KVCache:
 
     def clear(self) -> None:
         self.tokens.clear()
-        self._canonical = 0
+        self._canonical = self.canonical_media = 0
         self.session.reset()
 
     def persist(self) -> int:
@@ -143,24 +137,3 @@ class PromptStore(Protocol):
     def load(self, head: Any) -> bytes | None: ...
     def drop(self, head: Any) -> None: ...
     def save(self, tokens: Sequence[int], state: bytes) -> Any: ...
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the shared start of two token sequences.
-
-    Called every round of speculation over the whole context, so it compares list slices (in C)
-    and bisects towards the first difference instead of walking token by token.
-    """
-    a, b = (x if isinstance(x, list) else list(x) for x in (a, b))
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 16:            # a[:lo] == b[:lo]; the first difference lies in [lo, hi)
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[lo] == b[lo]:
-        lo += 1
-    return lo

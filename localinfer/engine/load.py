@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localinfer import backends
@@ -32,10 +32,17 @@ def load_model(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions)
     if split:
         backend = _split_backend(path, backend)
     chosen, choice = backends.select(backend, arch, path)
+    loading = options
+    if options.mmproj:
+        if choice.backend != "llama.cpp":
+            raise UsageError(f"images and audio go through llama.cpp's projector, not "
+                             f"{choice.backend}; use --backend llama.cpp (or auto)")
+        from localinfer.engine.media import load_projector
+        loading = replace(options, mmproj=load_projector(options.mmproj, path, ref.display))
     if split:
         choice = backends.Choice(choice.backend, "only llama.cpp reads a model split in parts")
     start = time.perf_counter()
-    session = chosen.load(path, options)
+    session = chosen.load(path, loading)
     return LoadedModel(ref, path, session, choice.backend, choice.reason,
                        time.perf_counter() - start, options)
 

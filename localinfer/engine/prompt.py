@@ -225,6 +225,7 @@ class PromptText:
     system: str | None = None
     raw: bool = False
     think: str | None = None      # --think: on, off or an effort; None: the template's default
+    media: tuple = ()             # checked images and audio (localinfer.media.Media), in order
 
 
 def is_long(prompt: PromptText) -> bool:
@@ -236,6 +237,8 @@ def prompt_tokens(vocab: Session, prompt: PromptText) -> list[int]:
     """The prompt's tokens through the model's chat template, or as is (--raw, base models).
 
     `vocab` is a loaded Session or a vocabulary alone (backends.llama_vocab.LlamaVocab)."""
+    if prompt.media:
+        return media_tokens(vocab, prompt)
     if uses_chat_template(vocab, prompt.raw):
         from localinfer.thinking import setup
         extra = setup.template_vars(vocab.chat_template, prompt.think)
@@ -296,3 +299,64 @@ def truncated(vocab: Session, prompt: PromptText, limit: int) -> tuple[PromptTex
         prompt = replace(prompt, text=kept + prompt.text[prompt.cuttable:], cuttable=len(kept))
         tokens = prompt_tokens(vocab, prompt)
     raise ContextOverflow(f"the piped input could not be shortened to fit {limit} tokens")
+
+
+# -- a prompt with images or audio (engine/media.py evaluates it) -------------------------------
+def media_tokens(session, prompt: PromptText) -> list[int]:
+    """The tokens of a PromptText with media: the chat template rendered (or --raw's text) with
+    each medium where a MARKER stands, else all of them before the text (as llama-mtmd-cli puts
+    them), tokenized by libmtmd as the CLI does: the text between media with special tokens on.
+    A message that spells a control token keeps it as text (its content tokenized apart)."""
+    from localinfer.media import MARKER, count_ok
+    projector = getattr(session, "media", None)
+    if projector is None:
+        raise UsageError("images and audio need the model's projector (mmproj file): "
+                         "name it with --mmproj FILE")
+    media, text = list(prompt.media), prompt.text
+    count_ok(len(media), "the prompt")
+    if MARKER not in text:
+        text = MARKER * len(media) + text
+    if text.count(MARKER) != len(media):
+        raise UsageError(f"the prompt has {text.count(MARKER)} {MARKER} markers for "
+                         f"{len(media)} images or audio clips; put one where each goes")
+    if uses_chat_template(session, prompt.raw):
+        pieces, extra = _rendered(session, text, prompt)
+    else:
+        pieces, extra = [(text, True)], None
+    parts: list = []
+    for piece, special in pieces:
+        for k, segment in enumerate(piece.split(MARKER)):
+            if k:
+                parts.append(media.pop(0))
+            if segment:
+                parts.append((segment, special))
+    if media:          # a marker the template moved or dropped
+        raise UsageError("the chat template did not keep every medium's place; use --raw "
+                         f"with a {MARKER} marker where each goes")
+    tokens = with_bos(session, projector.tokenize(parts))
+    if extra is not None:
+        from localinfer.thinking import setup
+        tokens += setup.empty_trace_tokens(session, tokens, prompt.think)
+    return tokens
+
+
+def _rendered(session, text: str, prompt: PromptText) -> tuple[list[tuple[str, bool]], dict]:
+    """The template's rendering as (text, special) pieces: one piece when no message spells a
+    control token, else the template's markup and the messages' contents apart."""
+    from localinfer.engine import templates
+    from localinfer.media import MARKER
+    from localinfer.thinking import setup
+    template = session.chat_template
+    extra = setup.template_vars(template, prompt.think)
+    marks = {"bos_token": _text(session, session.bos_token),
+             "eos_token": _text(session, session.eos_token), "extra": extra}
+    messages = placed_systems(template, messages_for(text, prompt.system), marks)
+    rendered = templates.render(template, messages, **marks)
+    if not any(_controls(session, session.tokenize(m["content"].replace(MARKER, ""),
+                                                   special=True)) for m in messages):
+        return [(rendered, True)], extra
+    parts = templates.content_parts(template, messages, rendered, **marks)
+    if parts is None:
+        raise UsageError("this message spells the model's control tokens, which this chat "
+                         "template cannot keep as text beside media; use --raw")
+    return [(piece, not is_content) for piece, is_content in parts], extra

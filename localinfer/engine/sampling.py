@@ -143,6 +143,8 @@ def penalise(logits: np.ndarray, history: Sequence[int], params: SamplingParams)
                                or params.presence_penalty):
         return out
     ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+    if ids[-1] >= out.shape[0]:     # a medium's placeholders (engine/media.py): not tokens
+        ids, counts = ids[ids < out.shape[0]], counts[ids < out.shape[0]]
     if out is logits:
         out = logits.copy()
     vals = out[ids]

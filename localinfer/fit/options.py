@@ -35,6 +35,7 @@ class FitOptions:
     # May quantize a variant into the store when none on disk fits (an operator's command; a
     # server's request only with serve --pull): False refuses instead, writing nothing.
     quantize_to_fit: bool = True
+    mmproj: str = ""                # --mmproj (or one found beside the model): images and audio
 
 
 @dataclass(frozen=True)

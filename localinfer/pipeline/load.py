@@ -64,7 +64,8 @@ def fit_model(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(),
     options = LoadOptions(n_ctx=chosen.n_ctx, n_threads=threads, verbose=engine_log,
                           kv_type=chosen.kv_type, gpu_layers=chosen.gpu_layers,
                           cpu_moe=chosen.cpu_moe, rope_scaling=fit.rope_scaling,
-                          long_prompt=sized is not None and is_long(sized.prompt))
+                          long_prompt=sized is not None and is_long(sized.prompt),
+                          mmproj=fit.mmproj)
     return Fitted(chosen.ref, options, sized)
 
 

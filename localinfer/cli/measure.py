@@ -14,7 +14,8 @@ from localinfer.backends import LoadOptions
 from localinfer.cli import console
 from localinfer.cli.options import (rpc_option, MAX_CTX, OUTPUT, backend_option, cpu_moe_option, ctx_option,
                                     draft_option, parse_cpu_moe,
-                                    gpu_layers_option, json_option, model_argument,
+                                    gpu_layers_option, json_option, max_tokens_option,
+                                    model_argument,
                                     offline_option, parse_gpu_layers, reporter,
                                     threads_option)
 from localinfer.errors import UsageError
@@ -254,7 +255,20 @@ def eval_cmd(
 
 
 def frontier_cmd(
-    model: str = model_argument(),
+    model: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False,
+                                          help="The model to quantize and measure (not with "
+                                          "--router)."),
+    router: Optional[str] = typer.Option(None, "--router", metavar="NAME", help="Measure the "
+                                         "cascade NAME of config.toml on labelled prompts "
+                                         "instead: its cheapest model, its most precise, and "
+                                         "the cascade at each --thresholds, side by side."),
+    thresholds: list[str] = typer.Option([], "--thresholds", metavar="LIST", help="With "
+                                         "--router: the thresholds to measure (comma-separated; "
+                                         "-inf keeps every answer, inf none)."),
+    prompts: int = typer.Option(0, "--prompts", min=0, metavar="N", help="With --router: the "
+                                "first N prompts, every kind in turn; 0 = all."),
+    max_tokens: int = max_tokens_option(48, "With --router: tokens an answer at most (the "
+                                        "prompts ask for short answers)."),
     types: list[str] = typer.Option([], "--types", metavar="TYPES", help="Types to compare "
                                     "(comma-separated or repeated; default: Q8_0 Q6_K Q5_K_M "
                                     "Q4_K_M Q4_0 Q3_K_M Q2_K)."),
@@ -276,8 +290,20 @@ def frontier_cmd(
     \b
     localinfer frontier smollm2 --types Q8_0,Q4_K_M,Q4_0 --plot frontier.png
     """
+    if router is not None:
+        if max_tokens < 1:     # the measurement stays bounded: no "until the model ends"
+            raise UsageError("frontier --router takes --max-tokens of 1 or more")
+        if model is not None or types:
+            raise UsageError("frontier takes a MODEL (and --types) or --router NAME, not both")
+        _router_frontier(router, thresholds, prompts, max_tokens, as_json=as_json, plot=plot,
+                         threads=threads, offline=offline)
+        return
+    if model is None:
+        raise UsageError("frontier needs a MODEL to quantize, or --router NAME")
     from localinfer import settings
     from localinfer.measure import frontier
+    if plot is not None:       # before minutes of quantizing and measuring, not after
+        frontier.pyplot()
     from localinfer.quant import jobs, quantize
     chosen = [quantize.parse_type(t) for t in types for t in t.split(",")] or \
         list(frontier.DEFAULT_TYPES)
@@ -298,3 +324,35 @@ def frontier_cmd(
     console.print_table(frontier.HEADERS, frontier.as_rows(points))
     console.note(f"* on the efficient frontier; quality against {reference.name}"
                  + (f" (the {upcast} source upcast)" if upcast else ""))
+
+
+def _router_frontier(name: str, thresholds: list[str], prompts: int, max_tokens: int, *,
+                     as_json: bool, plot: Optional[Path], threads: int, offline: bool) -> None:
+    """`frontier --router NAME`: the cascade against its own models, on the labelled prompts."""
+    from localinfer.measure import prompt_set
+    from localinfer.measure import routing_frontier as rf
+    chosen = prompt_set.select(prompt_set.load(), prompts or None)
+    router = rf.cascade_router(name)
+    if plot is not None:       # before minutes of measuring, not after
+        from localinfer.measure.frontier import pyplot
+        pyplot()
+    levels = rf.parse_thresholds(thresholds, router.policy.measure)
+    loaded = rf.open_models(router, n_ctx=rf.context_for(max_tokens), threads=threads,
+                            offline=offline, report=reporter())
+    configs = rf.router_configs(router, loaded, levels, max_tokens=max_tokens)
+    console.note(f"router {router.name}: {len(chosen)} prompts, {len(configs)} configurations "
+                 f"({router.policy.measure} confidence over {router.policy.tokens} tokens), "
+                 f"greedy, at most {max_tokens} tokens an answer")
+    show = console.interactive()
+    points = rf.measure(chosen, configs, compare_tokens=rf.same_vocabulary(loaded),
+                        progress=(lambda i, n: console.note(f"[{i}/{n}]")) if show else None)
+    for model in loaded:
+        model.session.close()
+    if plot is not None:
+        rf.plot(points, plot, f"router {router.name}: agreement with {router.models[-1]} vs time")
+    if as_json:
+        sys.stdout.write(rf.to_json(router.name, max_tokens, points) + "\n")
+        return
+    console.print_table(rf.HEADERS, rf.as_rows(points))
+    console.note(f"quality against {router.models[-1]}'s greedy answers; * on the frontier "
+                 "(agreement against mean time per request)")

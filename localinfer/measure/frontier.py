@@ -161,14 +161,7 @@ def to_json(reference: Path, points: list[Point], upcast_from: str | None = None
 
 def plot(points: list[Point], path: Path, title: str) -> None:
     """Quality (KL, lower is better) against decode speed and against size; frontier joined."""
-    try:
-        import matplotlib
-    except ImportError as e:
-        from localinfer.errors import UsageError
-        raise UsageError("--plot needs matplotlib: pip install 'localinfer[plot]'") from e
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = figure(2)
     for ax, key, label in ((axes[0], "decode_tps", "decode tokens/s"),
                            (axes[1], "file_size", "file size (MB)")):
         scale = 1e6 if key == "file_size" else 1
@@ -181,8 +174,31 @@ def plot(points: list[Point], path: Path, title: str) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("mean KL vs F16 (nats/token)")
         ax.legend()
+    save(fig, path, title)
+
+
+def figure(panels: int):
+    """A figure of `panels` plots side by side (matplotlib on the file backend): (fig, axes)."""
+    return pyplot().subplots(1, panels, figsize=(5.5 * panels, 4.5))
+
+
+def pyplot():
+    """matplotlib's pyplot on the file backend; a UsageError naming the extra without it."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        from localinfer.errors import UsageError
+        raise UsageError("--plot needs matplotlib: pip install 'localinfer[plot]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, path: Path, title: str) -> None:
+    """Title the figure and write it as PNG atomically (a partial file, then a rename)."""
     fig.suptitle(title)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.partial")
     fig.savefig(tmp, format="png", dpi=110)
+    pyplot().close(fig)
     tmp.replace(path)

@@ -152,17 +152,36 @@ def served(media: list[Media], session) -> None:
 
 def chat_tokens(session, messages: list[dict], extra: dict, media: list[Media]) -> list[int]:
     """A conversation with media as the model's tokens: its template rendered with the marker
-    where each medium goes, the media tokenized by the engine's projector."""
+    where each medium goes, the text between tokenized with special tokens on and each medium
+    decoded into its placeholders by the model's projector (backends/llama/mtmd.py), as
+    llama-mtmd-cli and llama-server tokenize a chat with media."""
     served(media, session)
     said = sum(m["content"].count(MARKER) for m in messages if isinstance(m.get("content"), str))
     if said != len(media):
         raise BadRequest(f"the messages' text spells {MARKER}, the marker that places media; "
                          "remove it", "messages")
-    from localinfer.engine import prompt
-    made = getattr(prompt, "chat_media_tokens", None)
-    if made is None:        # the engine's media path is not there: no projector works yet
-        raise NoProjector("images" if media[0].kind == "image" else "audio")
-    return made(session, messages, extra, media)
+    from localinfer.engine import prompt, templates
+    template = session.chat_template
+    for m in messages:      # the text is tokenized with special tokens on, beside the media
+        content = m.get("content")
+        if isinstance(content, str) and prompt._controls(
+                session, session.tokenize(content.replace(MARKER, ""), special=True)):
+            raise BadRequest("a conversation with images or audio cannot spell the model's "
+                             "control tokens in its text; remove them", "messages")
+    marks = {"bos_token": prompt._text(session, session.bos_token),
+             "eos_token": prompt._text(session, session.eos_token), "extra": extra}
+    rendered = templates.render(template, prompt.placed_systems(template, messages, marks),
+                                **marks).split(MARKER)
+    if len(rendered) != len(media) + 1:     # the template dropped or repeated a message
+        raise BadRequest("the model's chat template did not keep every medium's place",
+                         "messages")
+    parts: list = []
+    for k, piece in enumerate(rendered):
+        if k:
+            parts.append(media[k - 1])
+        if piece:
+            parts.append((piece, True))
+    return prompt.with_bos(session, session.media.tokenize(parts))
 
 
 def _where(part: dict, where: str) -> str:

@@ -167,3 +167,67 @@ def test_hostile_media_on_the_apis_then_the_next_request_as_before(smollm_server
     assert reply["error"]["message"].startswith("messages[0].content[0]: an animated PNG"), reply
     status, reply = _chat(url)
     assert status == 200 and reply["choices"][0]["message"]["content"], reply
+
+
+# -- remote URLs: only with serve --allow-remote-media, and bounded then ------------------------
+@pytest.fixture(scope="module")
+def web():
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/cat.png":
+                self._send(200, png(), "image/png")
+            elif self.path == "/huge.png":            # says 2 GB; sends nothing more
+                self.send_response(200)
+                self.send_header("Content-Length", str(2 << 30))
+                self.end_headers()
+            elif self.path == "/slow.png":
+                self.send_response(200)
+                self.end_headers()
+                for _ in range(40):
+                    self.wfile.write(b"\x89PNG" * 16)
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            elif self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", "file:///etc/passwd")
+                self.end_headers()
+            else:
+                self._send(404, b"no", "text/plain")
+
+        def _send(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_remote_images_only_when_allowed_and_bounded(web):
+    from localinfer.media.remote import fetch
+    from localinfer.server.errors import BadRequest
+    from localinfer.server.media_parts import Reader
+    part = {"type": "image_url", "image_url": {"url": web + "/cat.png"}}
+    with pytest.raises(BadRequest, match="only when serve runs with --allow-remote-media"):
+        Reader(remote=False).text(part, "messages[0].content[0]")
+    allowed = Reader(remote=True)
+    assert allowed.text(part, "messages[0].content[0]") == "<__media__>"
+    assert allowed.media[0].data == png()
+    for path, words in (("/huge.png", "over 20 MB"), ("/nothing", "answered 404"),
+                        ("/away", "cannot fetch|answered 302")):
+        with pytest.raises(MediaError, match=words):
+            fetch(web + path, "image")
+    started = time.monotonic()
+    with pytest.raises(MediaError, match="did not arrive within 0.5 s"):
+        fetch(web + "/slow.png", "image", seconds=0.5)
+    assert time.monotonic() - started < 1.5

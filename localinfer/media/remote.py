@@ -43,7 +43,7 @@ def fetch(url: str, what: str, expect: Kind | None = None, *,
             size = reply.headers.get("Content-Length")
             if size is not None and size.isdigit() and int(size) > MAX_BYTES:
                 raise _too_big(what)
-            while chunk := reply.read(_CHUNK):
+            while chunk := reply.read1(_CHUNK):      # what has come, not a whole chunk
                 total += len(chunk)
                 if total > MAX_BYTES:
                     raise _too_big(what)

@@ -18,11 +18,11 @@ from localinfer.engine.logprobs import TokenLogprob
 #   margin  the mean margin in nats of each chosen token over the likeliest other token (0 or
 #           more when the chosen token is the likeliest, as greedy decoding's always is)
 MEASURES = ("mean", "min", "margin")
-# The default decision: after 16 tokens on the mean log-probability. The threshold is
-# provisional until the frontier's measurement (docs/routing.md) sets it.
+# The default decision: after 16 tokens on the mean log-probability. The threshold is the one
+# `frontier --router` chose on SmolLM2 Q4_0 -> F16 (docs/routing.md, "Measured frontier").
 DEFAULT_MEASURE = "mean"
 DEFAULT_TOKENS = 16
-DEFAULT_THRESHOLD = -0.5
+DEFAULT_THRESHOLD = -0.6
 # The decision waits for at most this many tokens: the time to first token of an answer that
 # stands is the small model's prefill and these tokens' decode.
 MAX_TOKENS = 256

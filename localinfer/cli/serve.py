@@ -151,6 +151,8 @@ def serve(
                          penalties(frequency_penalty, presence_penalty, logit_bias))
     defaults = replace(defaults, remote_media=allow_remote_media)
     defaults = replace(defaults, normalise=reuse_answers)
+    from localinfer import routing
+    routers = routing.routers()         # config.toml's, checked before anything loads
     from localinfer.units import parse_duration
     idle = parse_duration(keep_alive, "--keep-alive")
     from localinfer.server import listen
@@ -159,7 +161,7 @@ def serve(
         _serve(sock, models or [], idle=idle, pull=pull, host=host, port=port,
                parallel=parallel, queue=queue, key=key, cors=cors, hosts=guard.allowed_hosts(host, allowed_hosts),
                request_timeout=request_timeout, verbose=verbose,
-               defaults=defaults, reuse_answers=reuse_answers,
+               defaults=defaults, reuse_answers=reuse_answers, routers=routers,
                fit=replace(fit_options(quant=quant, ctx=ctx, kv_type=kv_type, memory=memory_,
                                        gpu_layers=gpu_layers, offline=offline, cpu_moe=cpu_moe),
                            rope_scaling=rope_scaling or ""),
@@ -172,7 +174,7 @@ def serve(
 def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port: int,
            parallel: int, queue: int, key, cors, hosts, request_timeout: float,
            defaults: Defaults, verbose: int, fit: FitOptions, load: dict,
-           use_cache: bool, reuse_answers: bool = False) -> None:
+           use_cache: bool, reuse_answers: bool = False, routers: dict | None = None) -> None:
     """Load the command line's models, then answer requests on `sock` until a stop is asked
     for, loading any other model a request names."""
     from localinfer.server import guard, listen
@@ -204,15 +206,37 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
                 console.warn(f"{model.names[0]} has no chat template; --system is ignored")
         served = Served(hosted, key, hosts, port, console.error, request_timeout, defaults,
                         request_log=console.note if verbose else None,
-                        reuse_answers=reuse_answers)
+                        reuse_answers=reuse_answers, routers=routers or {})
         what = ", ".join(f"{m.names[0]} ({m.n_ctx:,} tokens of context)" for m in loaded) or \
             "the models on disk"
         console.note(f"serving {what} on http://{_url_host(host)}:{port}/v1 ({parallel} at a "
                      f"time per model)")
+        for router in (routers or {}).values():
+            console.note(_router_line(router, routers, loader, pool))
         listen.run(make_app(served, cors), sock, protocol=guard.protocol(request_timeout),
                    on_exit=served.close)
     finally:
         pool.close()
+
+
+def _router_line(router, routers: dict, loader, pool) -> str:
+    """What serve says of a router at start: its models, and whether they fit the memory budget
+    together (if not, the pool loads them one at a time: it unloads an idle model for the next)."""
+    from localinfer.errors import LocalinferError
+    from localinfer.server.pool_state import Need
+    from localinfer.units import human_size
+    line = f"router {router.name} ({router.kind}): {', '.join(router.models)}"
+    try:
+        needs = [loader.describing().plan(member).need for member in router.models
+                 if member.lower() not in routers]
+    except LocalinferError as e:        # said again, as a request's error, when one reaches it
+        return f"{line}; {e}"
+    together = sum(needs, Need(0))
+    if not together.within(pool.room):
+        line += (f"; they do not fit the memory budget together (they need "
+                 f"{human_size(together.total)}, it leaves {human_size(pool.room.total)}): "
+                 "loaded one at a time")
+    return line
 
 
 def _once(say):

@@ -35,7 +35,7 @@ from localinfer.errors import LocalinferError, ModelLoadError
 from localinfer.server import anthropic_tools, fields, hosting, jobs, reasoning, requests
 from localinfer.server.anthropic_blocks import billing_block as _billing_block
 from localinfer.server.anthropic_blocks import text_blocks as _text_blocks
-from localinfer.server import reuse, tool_stream, tools
+from localinfer.server import reuse, routers, tool_stream, tools
 from localinfer.server.errors import BadRequest, anthropic_error
 from localinfer.server.requests import Prepared
 from localinfer.thinking.style import EFFORTS
@@ -71,25 +71,21 @@ def _refused(e: BadRequest) -> JSONResponse:
     return anthropic_error(str(e), e.status, headers=e.headers)
 
 
-async def _opened(served, request: Request):
-    """The request's body, and the server as it sees it (its model leased)."""
+async def _opened(served, request: Request, *, view: bool = True):
+    """The request's body, and the server as it sees it (its model leased; None: not yet)."""
     raw = await requests.read_body(request, seconds=served.body_seconds)
     body = requests.with_priority_header(await asyncio.to_thread(requests.parse, raw),
                                          request.headers)
-    return body, await hosting.open_view(served, body)
+    return body, (await hosting.open_view(served, body) if view else None)
 
 
 async def _messages(served, request: Request):
     try:
-        body, seen = await _opened(served, request)
+        body, _ = await _opened(served, request, view=False)
     except BadRequest as e:
         return _refused(e)
-    try:
-        prepared = await hosting.prepared(seen, _prepare, body, seen)
-    except BadRequest as e:
-        return _refused(e)
-    reply = _Reply(seen.names[0], prepared, served.log)
-    return await jobs.run(seen, request, prepared, reply, anthropic_error)
+    return await routers.run_on(served, request, body, _refused, _prepare, anthropic_error,
+                                lambda seen, prepared: _Reply(seen.names[0], prepared, served.log))
 
 
 # -- the request -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.server import access, anthropic, choices, embeddings, guard, hosting, ollama
-from localinfer.server import reasoning, reuse
+from localinfer.server import reasoning, reuse, routers
 from localinfer.server import completions as completing, logprob_shapes, responses, \
     tool_stream, tools
 from localinfer.server import served_metrics, tokenizer
@@ -58,6 +58,7 @@ class Served:
     request_log: Callable[[str], None] | None = None        # one line per request (serve -v)
     metrics: served_metrics.ServedMetrics = field(default_factory=served_metrics.ServedMetrics)
     reuse_answers: bool = False             # --reuse-answers (server/reuse.py)
+    routers: dict = field(default_factory=dict)     # config.toml's, by name (server/routers.py)
     # One request's model, in the view server/hosting.py makes for it (unset on the server):
     worker: object = None                   # server.worker.Worker
     session: object = None                  # the model's session: tokenizer and template
@@ -88,7 +89,7 @@ def make_app(served: Served, cors: str | None = None):
              **({"context_length": ctx, "max_model_len": ctx} if ctx else {}),
              # a loaded model's projector: "vision", "audio" (as /api/show's capabilities)
              **({"capabilities": media} if media else {})}
-            for name, ctx, media in listed]})
+            for name, ctx, media in listed] + routers.openai_models(served)})
 
     async def chat(request: Request):
         return await _complete(served, request, chat=True)
@@ -144,26 +145,29 @@ async def _complete(served: Served, request: Request, *, chat: bool):
     try:
         raw = await read_body(request, seconds=served.body_seconds)
         body = with_priority_header(await asyncio.to_thread(parse, raw), request.headers)
-        seen = await hosting.open_view(served, body)
     except BadRequest as e:
         return e.response()
-    try:
-        prepared = await hosting.prepared(seen, prepare, body, seen.session, seen.names,
-                                          seen.request_ctx, chat=chat, defaults=seen.defaults)
-    except BadRequest as e:
-        return e.response()
-    reply = _Reply(seen.names[0], chat, prepared, served.log, seen.session)
-    if prepared.others:                 # n choices, each with a reply of its own
+
+    async def attempt(seen, gate):      # on the model named, or the one a router chose
         try:
-            choices.check_n(prepared, seen.worker.batch.n_seq - 1)
+            prepared = await hosting.prepared(seen, prepare, body, seen.session, seen.names,
+                                              seen.request_ctx, chat=chat,
+                                              defaults=seen.defaults)
         except BadRequest as e:
-            seen.release()
             return e.response()
-        reply = choices.ChatChoices([reply, *(_Reply(seen.names[0], chat, other, served.log,
-                                                     seen.session)
-                                              for other in prepared.others)],
-                                    prepared.include_usage)
-    return await run(seen, request, prepared, reply, error)
+        reply = _Reply(seen.names[0], chat, prepared, served.log, seen.session)
+        if prepared.others:                 # n choices, each with a reply of its own
+            try:
+                choices.check_n(prepared, seen.worker.batch.n_seq - 1)
+            except BadRequest as e:
+                seen.release()
+                return e.response()
+            reply = choices.ChatChoices([reply, *(_Reply(seen.names[0], chat, other, served.log,
+                                                         seen.session)
+                                                  for other in prepared.others)],
+                                        prepared.include_usage)
+        return await run(seen, request, prepared, reply, error, gate)
+    return await routers.answer(served, request, body, attempt, lambda e: e.response())
 
 
 async def _framed(stream):

@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse
 from localinfer.engine.echo import prompt_logprobs
 from localinfer.engine.logprobs import TokenLogprob, token_logprob
 from localinfer.server import access, hosting, jobs, logprob_fields, logprob_shapes as shapes
-from localinfer.server import reuse
+from localinfer.server import reuse, routers
 from localinfer.server.choices import Jobs, check_n
 from localinfer.server.errors import BadRequest, error
 from localinfer.server.requests import Prepared, parse, prepare, read_body, usage_asked, \
@@ -70,15 +70,17 @@ async def complete(served, request: Request):
     try:
         raw = await read_body(request, seconds=served.body_seconds)
         body = with_priority_header(await asyncio.to_thread(parse, raw), request.headers)
-        seen = await hosting.open_view(served, body)
     except BadRequest as e:
         return e.response()
-    try:
-        choices = await hosting.prepared(seen, _choices, body, seen)
-    except BadRequest as e:
-        return e.response()
-    reply = _Reply(seen.names[0], choices, seen.session, served.log, usage_asked(body))
-    return await _run(seen, request, choices, reply)
+
+    async def attempt(seen, gate):      # on the model named, or the one a router chose
+        try:
+            choices = await hosting.prepared(seen, _choices, body, seen)
+        except BadRequest as e:
+            return e.response()
+        reply = _Reply(seen.names[0], choices, seen.session, served.log, usage_asked(body))
+        return await _run(seen, request, choices, reply, gate)
+    return await routers.answer(served, request, body, attempt, lambda e: e.response())
 
 
 def _choices(body: dict, seen) -> list[Choice]:
@@ -124,18 +126,24 @@ class _Ending:
         return [self.scored] if ended and self.scored is not None else []
 
 
-async def _run(seen, request: Request, choices: list[Choice], reply: _Reply):
+async def _run(seen, request: Request, choices: list[Choice], reply: _Reply, gate=None):
     """The prompts scored (echo with logprobs), then the jobs through the worker; the reply
-    streamed or whole. The model's lease goes back once the answer ends."""
+    streamed or whole. The model's lease goes back once the answer ends. `gate`: a router's
+    (server/routers.py); None when it passed the request on."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    if gate is not None and (why := gate.refusal(len(choices))) is not None:
+        seen.release()
+        return error(why, 400)
     try:
-        refused = await _started(seen, loop, events, choices)
+        refused = await _started(seen, loop, events, choices, gate)
     finally:
         seen.arrived()                  # the worker no longer holds a step for it
     if refused is not None:
         reply.job.cancelled = True      # those submitted already
         seen.release()
         return refused
+    if gate is not None and not await jobs.held(gate, request, choices[0].job, seen.release):
+        return None                     # passed on: its job cancelled, nothing of it sent
     if (entry := access.record(request.scope)) is not None:     # serve -v's line: the first
         entry.model, entry.job = seen.names[0], choices[0].job
     seen.under_way.add(events)
@@ -151,7 +159,7 @@ async def _run(seen, request: Request, choices: list[Choice], reply: _Reply):
     return reply.failure() or JSONResponse(reply.whole(), headers=marked)
 
 
-async def _started(seen, loop, events: asyncio.Queue, choices: list[Choice]
+async def _started(seen, loop, events: asyncio.Queue, choices: list[Choice], gate=None
                    ) -> JSONResponse | None:
     """The prompts scored and the jobs submitted; the error reply when that cannot be."""
     try:
@@ -160,10 +168,10 @@ async def _started(seen, loop, events: asyncio.Queue, choices: list[Choice]
         failed = await _score(seen, choices)
         if failed is not None:
             return failed
-        stored = await asyncio.to_thread(reuse.slots, seen, [c.prepared if c.runs else None
-                                                             for c in choices])
+        stored = await asyncio.to_thread(reuse.slots, seen, [
+            c.prepared if c.runs and gate is None else None for c in choices])
         for i, choice in enumerate(choices):
-            if choice.runs and not _submit(seen, loop, events, i, choice, stored[i]):
+            if choice.runs and not _submit(seen, loop, events, i, choice, stored[i], gate):
                 return error("too many requests are waiting; try again shortly", 429,
                              headers={"Retry-After": "1"})
     except BaseException:
@@ -201,7 +209,7 @@ def _prompt_work(batch, seq: int, *, tokens: list[int], top: int):
     return prompt_logprobs(batch, seq, tokens, top)
 
 
-def _submit(seen, loop, events: asyncio.Queue, i: int, choice: Choice, slot) -> bool:
+def _submit(seen, loop, events: asyncio.Queue, i: int, choice: Choice, slot, gate) -> bool:
     """The choice's job to the worker, or its answer from the answer store (`slot`)."""
     job, submitted, model = choice.job, time.perf_counter(), seen.names[0]
     if jobs.replay(seen, model, job, slot, lambda item: events.put_nowait((i, item))):
@@ -212,6 +220,8 @@ def _submit(seen, loop, events: asyncio.Queue, i: int, choice: Choice, slot) -> 
         seen.metrics.generation(model, finished, time.perf_counter() - submitted)
         jobs._hand_over(loop, events, (i, None))
     job.on_text, done = jobs.recorded(seen, model, job, slot, job.on_text, done)
+    if gate is not None:
+        job.on_text, done = gate.wrap(job, job.on_text, done)
     return seen.worker.submit(job, done)
 
 

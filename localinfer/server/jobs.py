@@ -41,19 +41,25 @@ def closed_early(job: Job) -> dict:
         if stats.closed_at >= 0 and not job.error else {}
 
 
-async def run(served, request: Request, prepared: Prepared, reply, fail=error):
+async def run(served, request: Request, prepared: Prepared, reply, fail=error, gate=None):
     """A prepared job through the worker: the reply's events as they come (`reply.frames`), or
     `reply.whole()` once done; `fail` gives the error replies (OpenAI's or Anthropic's shape).
-    With `n` choices (prepared.others) every job goes, and each event is (choice, text)."""
+    With `n` choices (prepared.others) every job goes, and each event is (choice, text).
+    `gate`: a router's (server/routers.py), which may hold the answer back until its model's
+    confidence decides; None when it passed the request on (nothing of it was sent)."""
     release = served.release            # the model's lease: given back when the answer ends
     if served.worker.error is not None:
         release()
         return fail(f"the model failed: {served.worker.error}", 500)
+    if gate is not None and (why := gate.refusal(1 + len(prepared.others))) is not None:
+        release()
+        return fail(why, 400)
     job = reply.job                     # every choice's job, as one to cancel
     every = [prepared.job, *(other.job for other in prepared.others)]
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     submitted, model = time.perf_counter(), served.names[0]
-    stored = await looked_up(served, [prepared, *prepared.others])
+    stored = await looked_up(served, [prepared, *prepared.others]) if gate is None \
+        else [None] * len(every)        # a routed request is not answered from the store
     refused = False
     for i, one in enumerate(every):
         tag = (lambda item: item) if len(every) == 1 else (lambda item, i=i: (i, item))
@@ -65,6 +71,8 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
             served.metrics.generation(model, finished, time.perf_counter() - submitted)
             _hand_over(loop, events, tag(None))
         one.on_text, done = recorded(served, model, one, stored[i], one.on_text, done)
+        if gate is not None:
+            one.on_text, done = gate.wrap(one, one.on_text, done)
         refused = refused or not served.worker.submit(one, done)
     served.arrived()                    # the worker no longer holds a step for it
     if refused:
@@ -72,6 +80,8 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
         release()
         return fail("too many requests are waiting; try again shortly", 429,
                     headers={"Retry-After": "1"})
+    if gate is not None and not await held(gate, request, job, release):
+        return None                     # passed on: its job cancelled, nothing of it sent
     if (entry := access.record(request.scope)) is not None:
         entry.model, entry.job = model, prepared.job
     served.under_way.add(events)
@@ -85,6 +95,20 @@ async def run(served, request: Request, prepared: Prepared, reply, fail=error):
         served.under_way.discard(events)
         release()
     return reply.failure() or JSONResponse(reply.whole(), headers=marked)
+
+
+async def held(gate, request: Request, job, release) -> bool:
+    """Whether the router's gate lets the answer out; the lease goes back when it does not (or
+    the wait is given up)."""
+    try:
+        kept = await gate.decided(request, job)
+    except BaseException:
+        job.cancelled = True
+        release()
+        raise
+    if not kept:
+        release()
+    return kept
 
 
 async def looked_up(served, prepared: list) -> list:

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from localinfer.engine.prompt import uses_chat_template
-from localinfer.server import hosting, jobs, ollama_models, ollama_options, ollama_reply
+from localinfer.server import hosting, jobs, ollama_models, ollama_options, ollama_reply, routers
 from localinfer.server import logprob_fields, media_parts, requests
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.requests import Prepared
@@ -74,18 +74,21 @@ async def _answer(served, request: Request, *, chat: bool):
         body, unloads = await _read(served, request, chat)
         if unloads:
             return await _unload(served, body, chat)
-        seen = await hosting.open_view(served, body, tag=":latest")
     except BadRequest as e:
         return e.response(ollama_error)
-    try:
-        name, prepared = await hosting.prepared(seen, _prepare, body, seen, chat)
-    except BadRequest as e:
-        return e.response(ollama_error)
-    if prepared is None:            # Ollama's way to load a model (keep_alive 0: to unload it)
-        seen.release()
-        return JSONResponse(ollama_reply.loaded(name, chat))
-    reply = ollama_reply.Reply(name, chat, prepared, served.log, started, seen.session)
-    return await jobs.run(seen, request, prepared, reply, ollama_error)
+
+    async def attempt(seen, gate):      # on the model named, or the one a router chose
+        try:
+            name, prepared = await hosting.prepared(seen, _prepare, body, seen, chat)
+        except BadRequest as e:
+            return e.response(ollama_error)
+        if prepared is None:        # Ollama's way to load a model (keep_alive 0: to unload it)
+            seen.release()
+            return JSONResponse(ollama_reply.loaded(name, chat))
+        reply = ollama_reply.Reply(name, chat, prepared, served.log, started, seen.session)
+        return await jobs.run(seen, request, prepared, reply, ollama_error, gate)
+    return await routers.answer(served, request, body, attempt,
+                                lambda e: e.response(ollama_error), tag=":latest")
 
 
 async def _read(served, request: Request, chat: bool) -> tuple[dict, bool]:

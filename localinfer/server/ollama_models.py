@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError
-from localinfer.server import requests
+from localinfer.server import requests, routers
 from localinfer.server.errors import BadRequest, ollama_error
 from localinfer.server.file_facts import NO_FILE, Facts, FileFacts, rfc3339
 
@@ -62,7 +62,8 @@ def routes(served) -> list[Route]:
         return served.models.facts
 
     async def tags(request: Request):
-        return JSONResponse({"models": await asyncio.to_thread(_tags, served.models, facts())})
+        listed = await asyncio.to_thread(_tags, served.models, facts())
+        return JSONResponse({"models": listed + routers.ollama_tags(served)})
 
     async def ps(request: Request):
         return JSONResponse({"models": await asyncio.to_thread(_ps, served.models, facts())})

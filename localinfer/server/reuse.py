@@ -193,8 +193,11 @@ def reused(jobs) -> bool:
 
 
 def usage(*jobs) -> dict:
-    """The extra usage field of a reply every answer of which was replayed."""
-    return {"reused": True} if reused(jobs) else {}
+    """The usage block's extra fields: `reused` when every answer of the reply was replayed,
+    `routed_to` when a router chose its model (server/routers.py)."""
+    routed = next((job.routed_to for job in jobs if getattr(job, "routed_to", None)), None)
+    return ({"reused": True} if reused(jobs) else {}) | \
+        ({"routed_to": routed} if routed else {})
 
 
 def headers(jobs) -> dict[str, str]:

@@ -73,6 +73,11 @@ class ServedMetrics:
                                 "not counted as generations.", ("model",))
         self.stored = r.counter(PREFIX + "answers_stored_total", "Answers added to the answer "
                                 "store (serve --reuse-answers).", ("model",))
+        self.routes = r.counter(PREFIX + "routed_total", "Requests a router gave to each of its "
+                                "models: the model whose answer was sent.", ("router", "model"))
+        self.passes = r.counter(PREFIX + "routed_passed_on_total", "Answers a cascade router's "
+                                "model began and passed on to the next (its confidence under "
+                                "the threshold); nothing of them was sent.", ("router", "model"))
         self.ttft = r.histogram(PREFIX + "time_to_first_token_seconds", "From a request's "
                                 "arrival at the scheduler (its wait for a slot included) to its "
                                 "first generated token.", TTFT_BUCKETS, ("model",))
@@ -117,6 +122,12 @@ class ServedMetrics:
     def stored_answer(self, model: str) -> None:
         """From the answer store's thread."""
         self.stored.inc(model)
+
+    def routed(self, router: str, model: str) -> None:
+        self.routes.inc(router, model)
+
+    def passed_on(self, router: str, model: str) -> None:
+        self.passes.inc(router, model)
 
     def render(self, models: list[Loaded]) -> str:
         """The text of one scrape: the gauges read from `models` now, then every family."""

@@ -82,3 +82,45 @@ def test_offline_a_missing_projector_leaves_the_text_model(tmp_path):
         path and notes == []
     with pytest.raises(FetchError):          # the model itself is still required
         fetch.ensure(spec, spec.variant(None), Store(tmp_path / "empty"), offline=True)
+
+
+# -- the fit counts the projector ---------------------------------------------------------------
+def _projector_file(path, *, image_size=896, patch_size=14, heads=16, width=4304):
+    """A projector's header as libmtmd reads it (clip keys), and 1 MB standing for its weights."""
+    import gguf
+    import numpy as np
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    for key, value in (("image_size", image_size), ("patch_size", patch_size),
+                       ("attention.head_count", heads), ("embedding_length", 1152),
+                       ("feed_forward_length", width)):
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_tensor("v.patch_embd.weight", np.zeros((512, 512), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_fit_counts_the_projector_and_its_encoder(tmp_path):
+    from localinfer.fit import auto, memory, rules
+    from localinfer.fit.projector import projector_bytes
+    proj = _projector_file(tmp_path / "mmproj.gguf")
+    patches = (896 // 14) ** 2          # Gemma 3's SigLIP at 896 px: 4,096 patches
+    assert projector_bytes(proj) == proj.stat().st_size + patches ** 2 * 16 * 4 + \
+        patches * 4304 * 4 * 8
+    assert projector_bytes("") == 0
+    hostile = _projector_file(tmp_path / "mmproj-hostile.gguf", image_size=1 << 31, patch_size=1)
+    assert projector_bytes(hostile) < 1 << 45         # bounded, however the header lies
+    gib = 1 << 30
+    model = memory.ModelFacts("llama", 1 * gib, 24, 2048, 8192, 49152, (2048,) * 24,
+                              (False,) * 24, 0, 0, 8192)
+    machine = rules.Machine(4 * gib, 3 * gib)
+    alone = auto.Fitting(machine, rules.budget(machine), 4096, None)
+    assert alone.place(model).fits
+    seeing = auto.Fitting(machine, rules.budget(machine), 4096, None,
+                          projector=projector_bytes(proj) + 2 * gib)
+    assert not seeing.place(model).fits
+    refusal = seeing.refusal("smolvlm2", model, "a smaller quant")
+    assert refusal.startswith("smolvlm2") and "\n" not in refusal

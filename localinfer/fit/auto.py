@@ -14,6 +14,7 @@ from localinfer import settings
 from localinfer.backends import context_length
 from localinfer.errors import DoesNotFit, LocalinferError, UsageError
 from localinfer.fit import memory, rules
+from localinfer.fit.projector import projector_bytes
 from localinfer.fit.options import FitOptions, Notify, QuantizeBar, Reporter
 from localinfer.models import refs
 from localinfer.units import parse_size
@@ -50,18 +51,23 @@ class Fitting:
     gpu_layers: int | None = None     # --gpu-layers; None: as many as the GPU holds
     min_ctx: int = rules.MIN_CTX      # the shortest context the request allows (its prompt)
     cpu_moe: int | None = None        # --cpu-moe; None: as few as make the rest fit the GPU
+    projector: int = 0                # bytes a multimodal projector adds (fit/projector.py)
 
     def place(self, facts: memory.ModelFacts) -> rules.Placement:
+        facts = memory.with_extra_weights(facts, self.projector)
         return rules.place(facts, self.machine, self.budget, n_ctx=_ctx(facts, self.n_ctx),
                            kv_type=self.kv_type, gpu_layers=self.gpu_layers, min_ctx=self.min_ctx,
                            cpu_moe=self.cpu_moe)
 
     def choose(self, candidates: list[rules.Candidate], n_ctx: int):
+        candidates = [replace(c, facts=memory.with_extra_weights(c.facts, self.projector))
+                      for c in candidates]
         return rules.choose_variant(candidates, self.machine, self.budget, n_ctx=n_ctx,
                                     kv_type=self.kv_type, gpu_layers=self.gpu_layers,
                                     min_ctx=self.min_ctx, cpu_moe=self.cpu_moe)
 
     def refusal(self, name: str, facts: memory.ModelFacts, smaller: str | None) -> str:
+        facts = memory.with_extra_weights(facts, self.projector)
         return rules.does_not_fit(name, facts, self.machine, self.budget, kv_type=self.kv_type,
                                   smaller_quant=smaller, gpu_layers=self.gpu_layers,
                                   cpu_moe=self.cpu_moe)
@@ -76,7 +82,7 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
     n_ctx = fit.ctx if n_ctx is None else n_ctx
     check_kv_type(fit.kv_type)
     fitting = Fitting(*machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
-                      min_ctx, fit.cpu_moe)
+                      min_ctx, fit.cpu_moe, projector_bytes(getattr(fit, "mmproj", "")))
     store = refs.model_store()
     ref = named.ref
     if named.chosen:

@@ -211,6 +211,11 @@ def _activations(facts: ModelFacts, request: Request) -> int:
     return N_UBATCH * ACTIVATION_ROWS * (facts.n_embd + facts.n_ff) * 4 + cells * N_UBATCH * 2
 
 
+def with_extra_weights(facts: ModelFacts, extra: int) -> ModelFacts:
+    """The model with `extra` bytes held beside its weights (a multimodal projector)."""
+    return replace(facts, file_size=facts.file_size + extra) if extra else facts
+
+
 def with_quant_size(facts: ModelFacts, file_size: int, repackable_bytes: int) -> ModelFacts:
     """The same model at another quantization (sizes from a quantization plan); its experts take
     the same share of the file as before."""

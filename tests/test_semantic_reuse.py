@@ -178,8 +178,11 @@ def test_run_reuses_a_paraphrase_over_the_threshold_and_decodes_the_rest(smollm_
     # without a threshold, only the exact request is reused; -v names the match and its cosine
     assert "reused" not in ask("Which city is the capital of France?", "--reuse-answers",
                                "--stop", "\n\n")
+    (tmp_path / "config").mkdir()       # the threshold as a config key, which turns reuse on
+    (tmp_path / "config" / "config.toml").write_text(
+        f"[defaults]\nreuse-similarity = {THRESHOLD}\n")
     noted = run_cli("run", str(smollm_path), "Which city is the capital of France?", *RUN[:-1],
-                    *similar, "-v", home=tmp_path)
+                    "-v", home=tmp_path)
     assert noted.stdout.strip() == first["text"].strip()
     assert "by similarity 0.9" in noted.stderr and "'What is the capital of France?'" in \
         noted.stderr

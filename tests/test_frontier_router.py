@@ -74,8 +74,9 @@ def test_frontier_router_points_are_consistent(cascade_home: Path, tmp_path: Pat
     result = run_cli("frontier", "--router", "pair", "--prompts", "8", "-n", "16",
                      "--thresholds=-inf,inf", "--json", "--plot", str(plot), home=cascade_home)
     assert result.returncode == 0, result.stderr
-    points = json.loads(result.stdout)["points"]
+    points = json.loads(result.stdout, parse_constant=_no_constant)["points"]
     small, large, keep_all, keep_none = points
+    assert [p["threshold"] for p in points] == [None, None, "-inf", "inf"]
     assert [p["label"] for p in points] == ["small", "large", "cascade", "cascade"]
     assert all(p["prompts"] == 8 for p in points)
     quality = ("agreement", "token_agreement", "reference_accuracy", "by_kind", "answer_tokens")
@@ -89,6 +90,10 @@ def test_frontier_router_points_are_consistent(cascade_home: Path, tmp_path: Pat
     # Going up costs the cheap model's decision tokens first.
     assert keep_none["ttft_s"] > 0 and keep_none["mean_s"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _no_constant(name: str):
+    raise AssertionError(f"{name} is not JSON")
 
 
 @pytest.mark.parametrize("args, says", [

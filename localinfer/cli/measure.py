@@ -277,8 +277,9 @@ def frontier_cmd(
                                help="Chunks of the default text to score."),
     as_json: bool = json_option(),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", rich_help_panel=OUTPUT,
-                                        help="Also draw quality against speed and size into this "
-                                        "PNG file."),
+                                        help="Also draw quality against speed and size (with "
+                                        "--router: against time per request and to first "
+                                        "token) into this PNG file."),
     threads: int = threads_option(),
     offline: bool = offline_option(),
 ) -> None:

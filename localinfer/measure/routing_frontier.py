@@ -233,9 +233,16 @@ def _short(model: str) -> str:
 
 
 def to_json(router: str, max_tokens: int, points: Sequence[RoutePoint]) -> str:
+    """The points as JSON; JSON has no infinity, so a threshold of inf or -inf is that string, as
+    `run --json` gives a router's."""
+    rows = [asdict(p) | {"threshold": _finite_or_text(p.threshold)} for p in points]
     return json.dumps({"router": router, "max_tokens": max_tokens,
                        "oracle": next((p.model for p in points if p.label == "large"), None),
-                       "points": [asdict(p) for p in points]}, indent=2)
+                       "points": rows}, indent=2, allow_nan=False)
+
+
+def _finite_or_text(value: float | None) -> float | str | None:
+    return value if value is None or math.isfinite(value) else str(value)
 
 
 def plot(points: Sequence[RoutePoint], path: Path, title: str) -> None:

@@ -8,9 +8,9 @@ cascade sent up.
 
 Quality is against an oracle, the precise model's own greedy answer (docs/routing.md says why):
   agreement        the share of answers equal to the oracle's (surrounding whitespace aside);
-  token agreement  the mean share of the oracle's tokens an answer reproduces before the two
-                   first differ (prompt_set.prefix_agreement), which tells a near miss from an
-                   answer that goes elsewhere from its first token;
+  token agreement  the tokens an answer shares with the oracle's before the two first differ,
+                   over the longer one's length (prompt_set.prefix_agreement), averaged: it
+                   tells a near miss from an answer that goes elsewhere from its first token;
   reference        where a prompt has a reference answer, the share that contain it.
 """
 
@@ -127,7 +127,9 @@ def mark_frontier(points: list[RoutePoint]) -> None:
 
 
 # -- the router's configurations ------------------------------------------------------------------
-# Thresholds measured when none are given, by the router's confidence measure.
+# Thresholds swept when none are given, by the router's confidence measure: for the mean, the
+# range SmolLM2's confidences fell in (docs/routing.md), around the default; for min and margin,
+# a spread over each measure's scale, not yet measured.
 DEFAULT_THRESHOLDS = {"mean": (-0.4, -0.5, -0.6, -0.8), "min": (-1.0, -2.0, -3.0, -5.0),
                       "margin": (1.0, 2.0, 3.0, 5.0)}
 

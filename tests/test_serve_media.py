@@ -94,6 +94,22 @@ def test_ollama_images_on_chat_and_generate(smollm_server_512):
     assert answer.response
 
 
+
+def test_a_model_not_loaded_is_refused_before_it_loads(smollm_server_512):
+    """The shared server holds SmolLM2; Gemma 3 270M is on disk, without a projector: a request
+    with a picture for it is refused by name, and it is not loaded for that."""
+    import json
+    import urllib.request
+    from helpers import post_json
+    status, reply = post_json(smollm_server_512 + "/api/chat", {
+        "model": "gemma-3-270m", "stream": False, "messages": [
+            {"role": "user", "content": "What is it?", "images": [PNG]}]})
+    assert status == 400 and reply == {"error": "the model 'gemma-3-270m' has no projector for "
+                                                "images: serve one that has (docs/multimodal.md)"}
+    with urllib.request.urlopen(smollm_server_512 + "/api/ps", timeout=30) as answer:
+        assert all("gemma" not in m["name"] for m in json.loads(answer.read())["models"])
+
+
 # -- with a projector (M1's random-weight SmolVLM and Ultravox projectors on SmolLM2) ----------
 @pytest.fixture(scope="module")
 def seeing(smollm_path, tmp_path_factory):

@@ -138,15 +138,18 @@ class Models:
 
     # -- leases -----------------------------------------------------------------------------
     async def lease(self, name: object, keep_alive: object = None, *,
-                    trusted: bool = False) -> Lease[ServedModel]:
+                    trusted: bool = False, media: str | None = None) -> Lease[ServedModel]:
         """The model a request names, loaded if need be, kept loaded as the request's
         `keep_alive` says (its field as sent: checked here); the errors each as the client's
         reply: a bad keep_alive a 400, an unknown name a 404, a full wait a 429, too large a 400,
-        a failed load a 500."""
+        a failed load a 500. `media` ("images", "audio"): what the request sends, refused
+        before a load when the model's file has no projector beside it."""
         key, keep_alive = await self._resolved(name, keep_alive, trusted)
         if keep_alive is None and key in self._kept:
             keep_alive = math.inf
         try:
+            if media is not None and self.loaded(key) is None:
+                await asyncio.to_thread(self._sees, key, str(name), media)
             return await self.pool.acquire_async(key, keep_alive)
         except Busy as e:
             raise BadRequest(str(e), status=429, code="too_many_requests") from None
@@ -182,6 +185,13 @@ class Models:
             raise BadRequest(str(e), "model", status=404, code="model_not_found") from None
         _, fitted = plan.detail
         return About(names_of(key, fitted.ref), fitted.path, plan.n_ctx, None)
+
+    def _sees(self, key: str, name: str, media: str) -> None:
+        from localinfer.models import projector
+        from localinfer.server.media_parts import NoProjector
+        _, fitted = self._describe(key).detail
+        if fitted.path is not None and projector.beside(fitted.path) is None:
+            raise NoProjector(media, name)
 
     def _describe(self, key: str):
         loader = self.loader.describing()
@@ -236,7 +246,8 @@ async def open_view(served, body: dict, *, name_key: str = "model", tag: str = "
     description)."""
     name = body.get(name_key)
     bare = name.removesuffix(tag) if tag and isinstance(name, str) else name
-    lease = await served.models.lease(bare or name, body.get("keep_alive"))
+    from localinfer.server.media_parts import asked
+    lease = await served.models.lease(bare or name, body.get("keep_alive"), media=asked(body))
     batch = _asks_batch(body)
     return view(served, lease, name, batch=batch, coming=job and not batch)
 

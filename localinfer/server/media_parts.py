@@ -48,6 +48,29 @@ def responses_part(part, where: str) -> dict | None:
     return None
 
 
+_PARTS = {IMAGE: "images", "image": "images", "input_image": "images", AUDIO: "audio"}
+
+
+def asked(body: dict) -> str | None:
+    """"images" or "audio" when a request body of any API here sends media (the first one
+    found), else None: a glance at its shape, before anything is read or loaded."""
+    if isinstance(body.get("images"), list) and body["images"]:        # Ollama's generate
+        return "images"
+    for key in ("messages", "input"):
+        items = body.get(key)
+        for item in items if isinstance(items, list) else ():
+            if not isinstance(item, dict):
+                continue
+            if isinstance(item.get("images"), list) and item["images"]:   # Ollama's chat
+                return "images"
+            content = item.get("content")
+            for part in content if isinstance(content, list) else ():
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in _PARTS:
+                    return _PARTS[kind]
+    return None
+
+
 def count(messages) -> None:
     """Refuse more than media.MAX_ITEMS media parts, before any is read."""
     n = sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)

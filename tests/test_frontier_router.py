@@ -106,3 +106,18 @@ def _no_constant(name: str):
 def test_frontier_router_refusals_are_one_line(cascade_home: Path, args, says):
     result = run_cli("frontier", *args, home=cascade_home)
     assert result.returncode == 2 and says in error_line(result), result.stderr
+
+
+def test_the_wheel_carries_the_prompt_set_and_every_package():
+    """A wheel holds what pyproject lists: the prompt set (package data) and every package,
+    localinfer.routing included (frontier --router and every router need it)."""
+    import fnmatch
+    import tomllib
+    root = Path(__file__).resolve().parents[1]
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    data = tool["package-data"]["localinfer"]
+    assert any(fnmatch.fnmatch(f"data/{prompt_set.DEFAULT_FILE}", glob) for glob in data)
+    prefix = {"localinfer": "localinfer", "backends": "localinfer.backends"}
+    found = {".".join((prefix[top], *init.parent.relative_to(root / top).parts))
+             for top in prefix for init in (root / top).rglob("__init__.py")}
+    assert found - set(tool["packages"]) == set()

@@ -45,7 +45,9 @@ RULE_COUNTS = ("min_prompt_tokens", "max_prompt_tokens")
 def checked(config: UserConfig) -> dict[str, Router]:
     """Every router the file declares, by name (lowered), checked as a whole."""
     from localinfer.models import catalogue
-    found = {}
+    found: dict[str, Router] = {}
+    if not config.routers:
+        return found        # the catalogue is read only for a file that declares routers
     cat = catalogue.load(settings.load().user_catalogue)
     for name, table in config.routers.items():
         where = f"{config.path}: [routers.{shown_key(name)}]"
@@ -230,9 +232,10 @@ def lookup(name: str) -> Router | None:
     """The router `name` names, or None when it names none (a model, then). Reading it checks
     every router in the file: a broken one is refused whichever name is asked for, before any
     model loads."""
-    if not isinstance(name, str) or not name.strip() or ":" in name or "/" in name:
+    declared = routers()
+    if not isinstance(name, str) or ":" in name or "/" in name:    # a variant or a file
         return None
-    return routers().get(name.strip().lower())
+    return declared.get(name.strip().lower())
 
 
 def load_router(name: str) -> Router:

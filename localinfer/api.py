@@ -120,7 +120,10 @@ class Model:
         json_schema (a dict or a JSON string), grammar (GBNF text), cache, think (True, False,
         or "low"/"medium"/"high"), think_budget, logprobs (0 to 20: `logprobs` after the call
         holds each token's, and the N likeliest tokens'), reuse_answers (a deterministic
-        request answered from the answer store: `stats.as_dict()["reused"]`), priority (a
+        request answered from the answer store: `stats.as_dict()["reused"]`),
+        reuse_similarity (a cosine from 0 to 1: also the stored answer of a prompt that means
+        the same, by reuse_embedder's embeddings, default this model's; no default: none was
+        measured safe, docs/answer-reuse.md; `stats.as_dict()["similarity"]`), priority (a
         rule router's `priority` rules; `route` after the call says which model answered). A thinking
         model's trace is not in it: it is `reasoning` after the call."""
         return "".join(self.stream(prompt, **options))
@@ -270,7 +273,8 @@ class Model:
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
             "frequency_penalty", "presence_penalty", "logit_bias",
             "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
-            "think", "think_budget", "logprobs", "reuse_answers"}
+            "think", "think_budget", "logprobs", "reuse_answers",
+            "reuse_similarity", "reuse_embedder"}
 
 
 def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
@@ -293,12 +297,16 @@ def _ask(options: dict) -> tuple[pipeline.Ask, str | None, bool]:
                             logit_bias=tuple((int(token), float(bias)) for token, bias
                                              in (options.get("logit_bias") or {}).items()))
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    from localinfer.pipeline.similar import asked
+    similar = asked(options.get("reuse_similarity"), options.get("reuse_embedder"),
+                    option="reuse_embedder")
     limits = Limits(max_tokens, stops, logprobs=check_top(options.get("logprobs")))
     ask = pipeline.Ask(params, limits, draft=options.get("draft", "auto"),
                        draft_max=options.get("draft_max", 8),
                        output=_output(options.get("json_schema"), options.get("grammar")),
                        use_cache=options.get("cache", True), think=_think(options),
-                       reuse=bool(options.get("reuse_answers", False)))
+                       reuse=bool(options.get("reuse_answers", False)) or similar is not None,
+                       similar=similar)
     return ask, options.get("system"), bool(options.get("raw", False))
 
 

@@ -186,3 +186,20 @@ def test_run_reuses_a_paraphrase_over_the_threshold_and_decodes_the_rest(smollm_
     assert noted.stdout.strip() == first["text"].strip()
     assert "by similarity 0.9" in noted.stderr and "'What is the capital of France?'" in \
         noted.stderr
+
+
+def test_the_python_api_reuses_by_meaning(smollm_path, tmp_path, monkeypatch):
+    import localinfer
+    from localinfer.errors import UsageError
+    monkeypatch.setenv("LOCALINFER_HOME", str(tmp_path))
+    ask = dict(temperature=0, max_tokens=16, draft="none", reuse_similarity=float(THRESHOLD))
+    with localinfer.load(str(smollm_path)) as model:
+        first = model.generate("What is the capital of France?", **ask)
+        assert "reused" not in model.stats.as_dict()
+        again = model.generate("Which city is the capital of France?", **ask)
+        stats = model.stats.as_dict()
+        assert again == first and stats["reused"] is True
+        assert stats["similarity"] == pytest.approx(0.940, abs=0.01)
+        for bad in (1.5, "high", True):
+            with pytest.raises(UsageError, match="cosine from 0 to 1"):
+                model.generate("Hi", reuse_similarity=bad)

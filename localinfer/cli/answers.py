@@ -29,17 +29,7 @@ def reuse_embedder_option():
 
 
 def similar(threshold: float | None, embedder: str | None):
-    """--reuse-similarity and --reuse-embedder as the request carries them; None (exact matching
-    only) without a threshold, whatever the embedder (a config file may name one for the runs
-    that ask for a threshold)."""
-    from pathlib import Path
-
-    from localinfer.errors import UsageError
-    from localinfer.models.refs import looks_like_path
-    from localinfer.pipeline.similar import Similar
-    if threshold is None:
-        return None
-    # A missing file is refused before the answering model loads (a name is checked as it loads).
-    if embedder and looks_like_path(embedder) and not Path(embedder).expanduser().is_file():
-        raise UsageError(f"--reuse-embedder: no such model file: {embedder}")
-    return Similar(threshold, embedder or "")
+    """--reuse-similarity and --reuse-embedder as the request carries them (pipeline/similar.py
+    `asked`: None without a threshold; a missing embedder file refused before anything loads)."""
+    from localinfer.pipeline.similar import asked
+    return asked(threshold, embedder)

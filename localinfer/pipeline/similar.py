@@ -26,6 +26,26 @@ class Similar:
     embedder: str = ""
 
 
+def asked(threshold: float | None, embedder: str | None, *,
+          option: str = "--reuse-embedder") -> Similar | None:
+    """What `--reuse-similarity` and `--reuse-embedder` (the Python API's reuse_similarity and
+    reuse_embedder) ask for, checked: None without a threshold, whatever the embedder (a config
+    file may name one for the runs that give a threshold). A missing embedder file is refused
+    here, before the answering model loads (a name is checked as it loads)."""
+    from localinfer.errors import UsageError
+    from localinfer.models.refs import looks_like_path
+    if threshold is None:
+        return None
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not 0 <= threshold <= 1:
+        raise UsageError(f"the similarity threshold is a cosine from 0 to 1, not {threshold!r}")
+    if embedder is not None and not isinstance(embedder, str):
+        raise UsageError("the embedding model is named by a string")
+    if embedder and looks_like_path(embedder) and not Path(embedder).expanduser().is_file():
+        raise UsageError(f"{option}: no such model file: {embedder}")
+    return Similar(float(threshold), embedder or "")
+
+
 @dataclass(frozen=True)
 class Probe:
     """One request's place among similar prompts: the index of its context, its vector, its

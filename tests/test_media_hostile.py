@@ -118,6 +118,32 @@ def test_base64_bounds():
     assert data_url(png()).startswith("data:image/png;base64,")
 
 
+
+# -- the command line: `run --image/--audio`, refused before anything loads ----------------------
+def test_hostile_media_on_the_command_line(tmp_path):
+    from helpers import error_line, run_cli
+    files = {name: _written(tmp_path / f"{k}.bin", HOSTILE[name][0])
+             for k, name in enumerate(("bomb by header", "truncated jpeg", "animated gif",
+                                       "not media", "wav data lies"))}
+    big = tmp_path / "huge.png"
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)
+    ok = _written(tmp_path / "ok.png", png())
+    cases = [(["--image", str(files["bomb by header"])], "50,000x50,000 pixels"),
+             (["--image", str(files["truncated jpeg"])], "JPEG file is truncated"),
+             (["--image", str(files["animated gif"])], "animated GIF"),
+             (["--image", str(files["not media"])], "not an image or audio file"),
+             (["--audio", str(files["wav data lies"])], "bytes of samples"),
+             (["--image", str(big)], "2,147,483,648 bytes"),
+             (["--image", str(tmp_path)], "is a directory"),
+             (["--audio", str(ok)], "holds image (PNG) where audio is expected"),
+             ([a for _ in range(33) for a in ("--image", str(ok))], "at most 32")]
+    for args, words in cases:
+        result = run_cli("run", "no-such-model-is-loaded", "Describe it.", *args,
+                         "--offline", home=tmp_path / "home", timeout=60)
+        assert result.returncode == 2 and words in error_line(result), (args, result.stderr)
+
+
 # -- the APIs: a served SmolLM2 (no projector) checks media before it says it has none ----------
 def _chat(url: str, *parts: dict) -> tuple[int, dict]:
     from helpers import post_json

@@ -124,3 +124,25 @@ def test_the_fit_counts_the_projector_and_its_encoder(tmp_path):
     assert not seeing.place(model).fits
     refusal = seeing.refusal("smolvlm2", model, "a smaller quant")
     assert refusal.startswith("smolvlm2") and "\n" not in refusal
+
+
+def test_the_fit_finds_the_projector_to_be_loaded(tmp_path):
+    from localinfer.fit import auto
+    from localinfer.fit.projector import projector_bytes
+    from localinfer.models.refs import ModelRef
+    spec = catalogue.load().get("smolvlm2-256m-video-instruct")
+    store = Store(tmp_path / "store")
+    pulled = ModelRef("smolvlm2", spec, "Q8_0", None)
+    assert auto._projector("auto", pulled, store) == 0          # not on disk yet: nothing
+    stored = store.path_for(spec.name, PROJECTOR)
+    stored.parent.mkdir(parents=True)
+    _projector_file(stored)
+    assert auto._projector("auto", pulled, store) == projector_bytes(stored) > 0
+    local = tmp_path / "mine" / "SmolVLM2-500M-Q8_0.gguf"
+    local.parent.mkdir()
+    local.write_bytes(b"m")
+    beside = _projector_file(local.with_name("mmproj-SmolVLM2-500M-f16.gguf"))
+    assert auto._projector("maybe", ModelRef(str(local), None, None, local), store) == \
+        projector_bytes(beside)
+    assert auto._projector(str(beside), pulled, store) == projector_bytes(beside)
+    assert auto._projector("", pulled, store) == 0

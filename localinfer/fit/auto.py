@@ -81,10 +81,10 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
     prompt's length). `report` hears the notes and draws the pull's and quantization's bars."""
     n_ctx = fit.ctx if n_ctx is None else n_ctx
     check_kv_type(fit.kv_type)
-    fitting = Fitting(*machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
-                      min_ctx, fit.cpu_moe, projector_bytes(getattr(fit, "mmproj", "")))
     store = refs.model_store()
     ref = named.ref
+    fitting = Fitting(*machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
+                      min_ctx, fit.cpu_moe, _projector(getattr(fit, "mmproj", ""), ref, store))
     if named.chosen:
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
@@ -186,6 +186,21 @@ def machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.
     if override:
         return machine, rules.budget(machine, parse_size(override, "LOCALINFER_MEMORY_BUDGET"))
     return machine, rules.budget(machine)
+
+
+def _projector(mmproj: str, ref: refs.ModelRef, store) -> int:
+    """Bytes the projector to be loaded adds: --mmproj's file, or (a mode that finds it at load,
+    engine/media.py) the one beside the model's file or in the store beside its quants, when it
+    is on disk already."""
+    if not mmproj:
+        return 0
+    if not Path(mmproj).is_file():
+        from localinfer.models.projector import beside
+        from localinfer.models.store import PROJECTOR
+        found = beside(ref.path) if ref.path is not None else \
+            store.path_for(ref.spec.name, PROJECTOR) if ref.spec is not None else None
+        return projector_bytes(found) if found is not None and found.is_file() else 0
+    return projector_bytes(mmproj)
 
 
 def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,

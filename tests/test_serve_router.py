@@ -152,3 +152,14 @@ def test_a_broken_router_is_one_line_before_anything_loads(tmp_path):
         '[routers.loop]\nmodels = ["smollm2", "loop"]\npolicy = "rule"\n')
     result = run_cli("serve", "smollm2", "--offline", "--port", "1", home=tmp_path)
     assert result.returncode == 2 and "reaches itself" in error_line(result)
+
+
+def test_the_responses_api_takes_a_router(server):
+    url, small, _ = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    ask = dict(input="Name three colours.", temperature=0, max_output_tokens=16)
+    own = client.responses.create(model=small, **ask)
+    raw = client.responses.with_raw_response.create(model="keep", **ask)
+    routed = raw.parse()
+    assert raw.headers[HEADER] == small and routed.usage.model_extra["routed_to"] == small
+    assert routed.output_text == own.output_text

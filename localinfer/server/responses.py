@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from localinfer.errors import LocalinferError, ModelLoadError
-from localinfer.server import fields, hosting, jobs, requests, responses_input, tools
+from localinfer.server import fields, hosting, jobs, requests, responses_input, routers, tools
 from localinfer.server.errors import BadRequest, error
 from localinfer.server.requests import Prepared
 from localinfer.server.responses_reply import Reply
@@ -89,31 +89,36 @@ def _not_kept(ident: str) -> JSONResponse:
     return error(_not_kept_text(ident), 404, code="not_found")
 
 
-async def _opened(served, request: Request, *, job: bool = True):
-    """The request's body, and the server as it sees it (its model leased)."""
+async def _opened(served, request: Request, *, job: bool = True, view: bool = True):
+    """The request's body, and the server as it sees it (its model leased; None: not yet)."""
     raw = await requests.read_body(request, seconds=served.body_seconds)
     body = requests.with_priority_header(await asyncio.to_thread(requests.parse, raw),
                                          request.headers)
-    return body, await hosting.open_view(served, body, tag=LATEST, job=job)
+    return body, (await hosting.open_view(served, body, tag=LATEST, job=job) if view else None)
 
 
 async def _create(served, store: Store, request: Request):
     try:
-        body, seen = await _opened(served, request)
-    except BadRequest as e:
-        return e.response()
-    try:
-        prepared, echo, conversation = await hosting.prepared(seen, _prepare, body, seen, store)
+        body, _ = await _opened(served, request, view=False)
     except BadRequest as e:
         return e.response()
 
-    def keep(response: dict, message: dict) -> None:
-        if echo["store"]:
-            store.put(response, [*conversation, message])
-    include = body.get("include") or ()
-    reply = _KeptAlive(prepared, echo, session=seen.session, encrypted=ENCRYPTED in include,
-                       max_calls=body.get("max_tool_calls"), log=served.log, keep=keep)
-    return await jobs.run(seen, request, prepared, reply, error)
+    async def attempt(seen, gate):      # on the model named, or the one a router chose
+        try:
+            prepared, echo, conversation = await hosting.prepared(seen, _prepare, body, seen,
+                                                                  store)
+        except BadRequest as e:
+            return e.response()
+
+        def keep(response: dict, message: dict) -> None:
+            if echo["store"]:
+                store.put(response, [*conversation, message])
+        include = body.get("include") or ()
+        reply = _KeptAlive(prepared, echo, session=seen.session, encrypted=ENCRYPTED in include,
+                           max_calls=body.get("max_tool_calls"), log=served.log, keep=keep)
+        return await jobs.run(seen, request, prepared, reply, error, gate)
+    return await routers.answer(served, request, body, attempt, lambda e: e.response(),
+                                tag=LATEST)
 
 
 class _KeptAlive(Reply):

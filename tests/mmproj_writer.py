@@ -11,7 +11,8 @@ SmolVLM's image tokens: test material for the multimodal path without a vision m
   576 wide embeddings (`mm.model.fc.weight`); images are resized to a longest edge and cut into
   tiles of `clip.vision.image_size`, each tile (and an overview) its own set of tokens.
 - ultravox: a Whisper-style encoder (two 1-D convolutions over 80 mel bins, learned positions,
-  blocks whose K has no bias), frames stacked by 8, an RMS-normed SwiGLU projection into 576.
+  blocks whose K has no bias), frames stacked by 4, an RMS-normed SwiGLU projection into 576
+  (by 8 libmtmd counts one token fewer than its graph makes for a 30 s window, and aborts).
 
 libmtmd wraps each idefics3 image in SmolVLM's own tokens (`<fake_token_around_image>`,
 `<global-img>`, `<row_R_col_C>`), which SmolLM2's vocabulary lacks (their ids would be -1):
@@ -99,7 +100,7 @@ def write_idefics3(path: Path, *, image_size: int = 32, patch_size: int = 4, lon
 
 
 def write_ultravox(path: Path, *, n_embd: int = 32, n_layer: int = 1, n_mel: int = 80,
-                   stack: int = 8, seed: int = 47) -> Path:
+                   stack: int = 4, seed: int = 47) -> Path:
     """An Ultravox-style audio projector, tiny: Whisper's front (30 s windows of 16 kHz audio,
     3000 mel frames, halved by the second convolution) and frames stacked by `stack`."""
     import gguf

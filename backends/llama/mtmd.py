@@ -57,6 +57,7 @@ class Item:
     kind: str
     chunk: int            # an owned mtmd_input_chunk copy
     key: str              # the hash the ids come from
+    medium: str = ""      # the image or clip it is part of (an image's tiles share it)
 
 
 def attach(session, path: Path, *, verbose: bool = False) -> Projector:
@@ -188,18 +189,18 @@ class Projector:
                 medium = lib.mtmd_input_chunk_get_id(chunk) or b""
                 seen[medium] = seen.get(medium, -1) + 1
                 tokens += self._register(chunk, "image" if kind == _IMAGE else "audio",
-                                         f"{medium.decode()}|{seen[medium]}")
+                                         medium.decode(), seen[medium])
             else:
                 raise LocalinferError(f"libmtmd returned a chunk of unknown type {kind}")
         return tokens
 
-    def _register(self, chunk, kind: str, name: str) -> range:
+    def _register(self, chunk, kind: str, medium: str, ordinal: int) -> range:
         lib = bindings()
         n = lib.mtmd_input_chunk_get_n_tokens(chunk)
         if n <= 0 or n != lib.mtmd_input_chunk_get_n_pos(chunk) or n > _ID_SPACE // 4:
             raise LocalinferError(f"libmtmd made a {kind} chunk of {n} tokens, which cannot "
                                   "be placed")
-        key = f"{name}|{n}"
+        key = f"{medium}|{ordinal}|{n}"
         base = self.n_vocab + int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) % (
             _ID_SPACE - n)
         known = self._items.get(base)
@@ -208,7 +209,8 @@ class Projector:
                 if other.base < base + n and base < other.base + other.n:
                     raise LocalinferError("two media in this conversation hash to overlapping "
                                           "placeholders; start a new one")
-            self._items[base] = Item(base, n, kind, lib.mtmd_input_chunk_copy(chunk), key)
+            self._items[base] = Item(base, n, kind, lib.mtmd_input_chunk_copy(chunk), key,
+                                     medium)
         return range(base, base + n)
 
     # -- evaluation --------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits
 from localinfer.engine.kv import KVCache
 from localinfer.engine.load import LoadedModel
-from localinfer.engine.prompt import chat_tokens, raw_tokens, reply_reserve, reply_room
+from localinfer.engine.prompt import (chat_media_tokens, chat_tokens, raw_tokens, reply_reserve,
+                                      reply_room)
 from localinfer.engine.sampling import Sampler, SamplingParams, make_sampler
 from localinfer.engine.structured import OutputFormat, answer_limit, incomplete
 from localinfer.errors import ContextOverflow, UsageError
@@ -50,12 +51,19 @@ class _Chat:
     messages: list[dict[str, str]] = field(default_factory=list)
     raw: bool = False          # --raw: each message sent as is, without the chat template
     think: Think = Think()     # a thinking model's --think and --think-budget
+    pending: list = field(default_factory=list)    # /image, /audio: Media for the next message
 
     def tokens_for(self, messages: list[dict[str, str]]) -> list[int]:
-        """The conversation's prompt through the template, with --think's variables."""
+        """The conversation's prompt through the template, with --think's variables; a message
+        that came with media (/image) keeps them, its placeholders matching the earlier turn's
+        cells, so they are not encoded or evaluated again."""
         session = self.loaded.session
-        tokens = chat_tokens(session, _conversation(self.system, messages),
-                             setup.template_vars(session.chat_template, self.think.think))
+        extra = setup.template_vars(session.chat_template, self.think.think)
+        media = [m for message in messages for m in message.get("media", ())]
+        conversation = _conversation(self.system, [{k: v for k, v in m.items() if k != "media"}
+                                                   for m in messages])
+        tokens = chat_media_tokens(session, conversation, extra, media) if media \
+            else chat_tokens(session, conversation, extra)
         return tokens + setup.empty_trace_tokens(session, tokens, self.think.think)
 
     def grow_to(self, need: int) -> None:
@@ -135,6 +143,8 @@ def _command(chat: _Chat, line: str) -> bool:
         chat.messages.clear()
         chat.cache.clear()
         console.note("conversation cleared")
+    elif command in ("/image", "/audio"):
+        _attach(chat, command[1:], rest[0].strip() if rest else "")
     elif command == "/system":
         chat.system = rest[0].strip() if rest and rest[0].strip() else None
         chat.messages.clear()
@@ -143,6 +153,26 @@ def _command(chat: _Chat, line: str) -> bool:
     else:
         console.note(f"unknown command {command}; /help lists the commands")
     return True
+
+
+def _attach(chat: _Chat, kind: str, path: str) -> None:
+    """/image PATH, /audio PATH: the medium checked now, sent with the next message."""
+    from localinfer import media
+    projector = getattr(chat.loaded.session, "media", None)
+    able = projector is not None and (projector.vision if kind == "image" else projector.audio)
+    if not path:
+        console.note(f"/{kind} takes a file: /{kind} PATH")
+    elif chat.raw or not able:
+        console.error(f"{chat.loaded.ref.display} takes no {'images' if kind == 'image' else kind}"
+                      + (" with --raw" if chat.raw else
+                         " (no projector for them: name one with --mmproj FILE)"))
+    else:
+        try:
+            chat.pending.append(media.read_path(path, "image" if kind == "image" else "audio"))
+        except UsageError as e:
+            console.error(str(e))
+            return
+        console.note(f"{path}: {chat.pending[-1].describe()}, sent with your next message")
 
 
 @dataclass
@@ -160,7 +190,13 @@ class _Turn:
     def take(self, chat: _Chat, text: str) -> None:
         """Answer the user's `text`; the exchange joins the conversation as far as it went."""
         messages = chat.messages
+        sent, chat.pending = chat.pending, []
+        if sent:
+            from localinfer.media import MARKER
+            text = text if MARKER in text else MARKER * len(sent) + text
         messages.append({"role": "user", "content": text})
+        if sent:
+            messages[-1]["media"] = tuple(sent)
         try:
             with chat_input.keys_held(sys.stdin):   # keys typed during the reply stay out of it
                 tokens = _fitted_tokens(chat, self.limits)

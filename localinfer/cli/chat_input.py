@@ -24,6 +24,7 @@ HELP = "\n".join((
     "  /help, /?             this list",
     "  /clear                forget the conversation",
     "  /system TEXT          set the system message (the conversation restarts)",
+    "  /image PATH, /audio PATH  send a picture or a clip with your next message",
     "  /exit, /bye, /quit    leave (Ctrl-D too)",
     "  a line ending in \\    the message continues on the next line",
     f"  {QUOTES} ... {QUOTES}           several lines, up to a line that ends in {QUOTES}",

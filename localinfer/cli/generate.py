@@ -203,6 +203,7 @@ def chat(
     rpc: Optional[str] = rpc_option(),
     cpu_moe: str = cpu_moe_option(),
     offline: bool = offline_option(),
+    mmproj: Optional[str] = media_args.mmproj_option(),
 ) -> None:
     """Multi-turn chat in the terminal (/help lists its commands).
 
@@ -251,6 +252,7 @@ class ChatOptions:
     rpc: str | None         # the workers: connected by the option's own check, when parsed
     cpu_moe: str
     offline: bool
+    mmproj: str | None      # /image and /audio go through it (default: one beside the model)
 
     @classmethod
     def of(cls, command: typer.Context) -> ChatOptions:
@@ -295,6 +297,10 @@ def open_chat(o: ChatOptions) -> None:
     fit, report = fit_options(quant=o.quant, ctx=o.ctx, kv_type=o.kv_type, memory=o.memory_,
                               gpu_layers=o.gpu_layers, offline=o.offline,
                               cpu_moe=o.cpu_moe), reporter()
+    from dataclasses import replace
+
+    from localinfer.engine.media import chat_projector
+    fit = replace(fit, mmproj=chat_projector(o.model, o.mmproj))
     fitted = load.fit_model(load.name(o.model, fit, report), fit, report, threads=o.threads,
                             engine_log=engine_log(o.verbose))
     options = fitted.options

@@ -32,13 +32,11 @@ def load_model(ref: ModelRef, path: Path, *, backend: str, options: LoadOptions)
     if split:
         backend = _split_backend(path, backend)
     chosen, choice = backends.select(backend, arch, path)
-    loading = options
+    loading = options       # LoadedModel keeps `options` as asked: reuse_or_load compares them
     if options.mmproj:
-        if choice.backend != "llama.cpp":
-            raise UsageError(f"images and audio go through llama.cpp's projector, not "
-                             f"{choice.backend}; use --backend llama.cpp (or auto)")
         from localinfer.engine.media import load_projector
-        loading = replace(options, mmproj=load_projector(options.mmproj, path, ref.display))
+        loading = replace(options, mmproj=load_projector(options.mmproj, path, ref.display,
+                                                         choice.backend))
     if split:
         choice = backends.Choice(choice.backend, "only llama.cpp reads a model split in parts")
     start = time.perf_counter()

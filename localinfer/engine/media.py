@@ -140,7 +140,8 @@ def _evaluate(cache, prompt: Sequence[int], start: int, found: list[Span], *,
         projector.evaluate(session, span.item, _run(todo, k))
         cache.tokens.extend(prompt[span.start:span.end])
         pos = span.end
-        if snapshots:
+        whole = k + 1 == len(todo) or todo[k + 1].item.medium != span.item.medium
+        if snapshots and whole:     # at the end of each image or clip, not of each tile
             cache._pending.append((list(prompt[:pos]), session.state()))
     return _text(cache, prompt, pos, len(prompt), step)
 
@@ -166,6 +167,7 @@ def _text(cache, prompt: Sequence[int], start: int, end: int, step: int) -> np.n
 
 
 AUTO = "auto"       # LoadOptions.mmproj: the projector beside the model file, found at load
+MAYBE = "maybe"     # the same, and none is no error (chat: /image says what is missing)
 
 
 def find_projector(model: str, mmproj: str | None, given: tuple) -> str:
@@ -197,14 +199,31 @@ def find_projector(model: str, mmproj: str | None, given: tuple) -> str:
     return str(path)
 
 
-def load_projector(mmproj: str, model: Path, name: str) -> str:
-    """LoadOptions.mmproj as the backend takes it: AUTO resolved beside the located model file
-    (None there: one line, before the model loads)."""
-    if mmproj != AUTO:
+def chat_projector(model: str, mmproj: str | None) -> str:
+    """chat's projector: --mmproj's file, else the one beside the model when there is one (MAYBE:
+    a chat without one still runs, and /image says what is missing)."""
+    if not mmproj:
+        return MAYBE
+    from localinfer.backends.llama.mtmd import capabilities
+    if not Path(mmproj).is_file():
+        raise UsageError(f"the projector {mmproj} does not exist")
+    capabilities(Path(mmproj))        # a file that is not a projector: refused before the load
+    return mmproj
+
+
+def load_projector(mmproj: str, model: Path, name: str, backend: str) -> str:
+    """LoadOptions.mmproj as the backend takes it: AUTO and MAYBE resolved beside the located
+    model file (none there: AUTO is one line before the model loads, MAYBE no projector)."""
+    if backend != "llama.cpp":
+        if mmproj == MAYBE:
+            return ""
+        raise UsageError(f"images and audio go through llama.cpp's projector, not {backend}; "
+                         "use --backend llama.cpp (or auto)")
+    if mmproj not in (AUTO, MAYBE):
         return mmproj
     from localinfer.models.projector import beside
     found = beside(model)
-    if found is None:
+    if found is None and mmproj == AUTO:
         raise UsageError(f"{name} has no projector (mmproj file) for images or audio; name one "
                          "with --mmproj FILE")
-    return str(found)
+    return str(found) if found else ""

@@ -303,60 +303,64 @@ def truncated(vocab: Session, prompt: PromptText, limit: int) -> tuple[PromptTex
 
 # -- a prompt with images or audio (engine/media.py evaluates it) -------------------------------
 def media_tokens(session, prompt: PromptText) -> list[int]:
-    """The tokens of a PromptText with media: the chat template rendered (or --raw's text) with
-    each medium where a MARKER stands, else all of them before the text (as llama-mtmd-cli puts
-    them), tokenized by libmtmd as the CLI does: the text between media with special tokens on.
-    A message that spells a control token keeps it as text (its content tokenized apart)."""
+    """The tokens of a PromptText with media: each medium where a MARKER stands, else all of
+    them before the text (where llama-mtmd-cli puts them), through the chat template or as is
+    (--raw)."""
+    from localinfer.media import MARKER
+    media, text = list(prompt.media), prompt.text
+    if MARKER not in text:
+        text = MARKER * len(media) + text
+    if not uses_chat_template(session, prompt.raw):
+        return _with_media(session, [(text, True)], media)
+    from localinfer.thinking import setup
+    extra = setup.template_vars(session.chat_template, prompt.think)
+    tokens = chat_media_tokens(session, messages_for(text, prompt.system), extra, media)
+    return tokens + setup.empty_trace_tokens(session, tokens, prompt.think)
+
+
+def chat_media_tokens(session, messages: list[dict], extra: dict | None,
+                      media: list) -> list[int]:
+    """A conversation's tokens with its media, one MARKER in the messages' text where each
+    goes: the template rendered, the text between media tokenized by libmtmd with special tokens
+    on, as llama-mtmd-cli and llama-server do; a message that spells a control token keeps it
+    as text (the template's markup and the contents tokenized apart)."""
+    from localinfer.engine import templates
+    from localinfer.media import MARKER
+    template = session.chat_template
+    if not template:
+        raise ModelLoadError("this model has no chat template; use --raw")
+    marks = {"bos_token": _text(session, session.bos_token),
+             "eos_token": _text(session, session.eos_token), "extra": extra}
+    messages = placed_systems(template, messages, marks)
+    rendered = templates.render(template, messages, **marks)
+    if not any(_controls(session, session.tokenize(m["content"].replace(MARKER, ""),
+                                                   special=True)) for m in messages):
+        return _with_media(session, [(rendered, True)], media)
+    parts = templates.content_parts(template, messages, rendered, **marks)
+    if parts is None:
+        raise UsageError("a message spells the model's control tokens, which this chat "
+                         "template cannot keep as text beside media; use --raw")
+    return _with_media(session, [(piece, not content) for piece, content in parts], media)
+
+
+def _with_media(session, pieces: list[tuple[str, bool]], media: list) -> list[int]:
+    """(text, special) pieces cut at each MARKER, the media put there in order, tokenized by the
+    session's projector (backends/llama/mtmd.py)."""
     from localinfer.media import MARKER, count_ok
     projector = getattr(session, "media", None)
     if projector is None:
         raise UsageError("images and audio need the model's projector (mmproj file): "
                          "name it with --mmproj FILE")
-    media, text = list(prompt.media), prompt.text
     count_ok(len(media), "the prompt")
-    if MARKER not in text:
-        text = MARKER * len(media) + text
-    if text.count(MARKER) != len(media):
-        raise UsageError(f"the prompt has {text.count(MARKER)} {MARKER} markers for "
-                         f"{len(media)} images or audio clips; put one where each goes")
-    if uses_chat_template(session, prompt.raw):
-        pieces, extra = _rendered(session, text, prompt)
-    else:
-        pieces, extra = [(text, True)], None
-    parts: list = []
+    said = sum(piece.count(MARKER) for piece, _ in pieces)
+    if said != len(media):
+        raise UsageError(f"the prompt has {said} {MARKER} markers for {len(media)} images or "
+                         "audio clips; put one where each goes (the template may drop one)")
+    left, parts = list(media), []
     for piece, special in pieces:
         for k, segment in enumerate(piece.split(MARKER)):
             if k:
-                parts.append(media.pop(0))
+                parts.append(left.pop(0))
             if segment:
                 parts.append((segment, special))
-    if media:          # a marker the template moved or dropped
-        raise UsageError("the chat template did not keep every medium's place; use --raw "
-                         f"with a {MARKER} marker where each goes")
-    tokens = with_bos(session, projector.tokenize(parts))
-    if extra is not None:
-        from localinfer.thinking import setup
-        tokens += setup.empty_trace_tokens(session, tokens, prompt.think)
-    return tokens
-
-
-def _rendered(session, text: str, prompt: PromptText) -> tuple[list[tuple[str, bool]], dict]:
-    """The template's rendering as (text, special) pieces: one piece when no message spells a
-    control token, else the template's markup and the messages' contents apart."""
-    from localinfer.engine import templates
-    from localinfer.media import MARKER
-    from localinfer.thinking import setup
-    template = session.chat_template
-    extra = setup.template_vars(template, prompt.think)
-    marks = {"bos_token": _text(session, session.bos_token),
-             "eos_token": _text(session, session.eos_token), "extra": extra}
-    messages = placed_systems(template, messages_for(text, prompt.system), marks)
-    rendered = templates.render(template, messages, **marks)
-    if not any(_controls(session, session.tokenize(m["content"].replace(MARKER, ""),
-                                                   special=True)) for m in messages):
-        return [(rendered, True)], extra
-    parts = templates.content_parts(template, messages, rendered, **marks)
-    if parts is None:
-        raise UsageError("this message spells the model's control tokens, which this chat "
-                         "template cannot keep as text beside media; use --raw")
-    return [(piece, not is_content) for piece, is_content in parts], extra
+    return with_bos(session, projector.tokenize(parts))

@@ -20,8 +20,9 @@ _ROWS = 8                     # activation rows of width max(embedding, feed-for
 
 
 def projector_bytes(path: str | Path | None) -> int:
-    """Bytes the projector `path` adds (0 without one)."""
-    if not path:
+    """Bytes the projector `path` adds (0 without one, or while it is still to be found beside
+    a model not yet pulled: engine/media.py's AUTO and MAYBE)."""
+    if not path or str(path) in ("auto", "maybe"):
         return 0
     from localinfer.gguf.header import read_header
     path = Path(path)

@@ -47,6 +47,13 @@ policy = "rule"
 [[routers.pick.rules]]
 priority = "high"
 model = "{LARGE}"
+[routers.short]
+models = ["{SMALL}", "{LARGE}"]
+policy = "rule"
+default = "{LARGE}"
+[[routers.short.rules]]
+max-prompt-tokens = 8
+model = "{SMALL}"
 """)
     proc, url = start_server("--memory=450MB", "--ctx", "512", "--parallel", "2",
                              env={"LOCALINFER_HOME": str(home)})
@@ -125,6 +132,9 @@ def test_a_rule_router_routes_by_priority_in_every_api(server):
         "model": "pick:latest", "prompt": PROMPTS[1], "raw": True, "stream": False,
         "options": {"temperature": 0, "num_predict": 12, "priority": "high"}}, timeout=60)
     assert raw.headers[HEADER] == large and raw.json()["routed_to"] == large
+    # by the prompt's length in the first model's tokens (8 at most: the small one)
+    assert _complete(client, "short", "1, 2, 3,")[0] == small
+    assert _complete(client, "short", "Count on: " + ", ".join(map(str, range(20))))[0] == large
 
 
 def test_chat_through_a_router_in_the_anthropic_and_ollama_apis(server):

@@ -87,6 +87,9 @@ def test_routers_are_listed_by_every_api(server):
     assert {"up", "keep", "mid", "pick"} <= ids
     tags = {m.model for m in ollama.Client(host=url).list().models}
     assert {"up:latest", "keep:latest", "mid:latest", "pick:latest"} <= tags
+    shown = ollama.Client(host=url).show("up")
+    assert shown.details.format == "router"
+    assert shown.modelinfo["router.models"] == [SMALL, LARGE]
 
 
 def test_a_cascade_answers_as_its_chosen_model_and_shows_nothing_passed_on(server):

@@ -75,6 +75,8 @@ def routes(served) -> list[Route]:
             name = body.get("model" if "model" in body else "name")
             if not isinstance(body.get("verbose", False), bool):
                 raise BadRequest("'verbose' must be true or false")
+            if (router := routers.find(served, name)) is not None:
+                return JSONResponse(routers.ollama_show(router))
             bare = name.removesuffix(":latest") if isinstance(name, str) else name
             about = await served.models.about(bare or name)
             f = await asyncio.to_thread(facts().read, about.path)

@@ -281,15 +281,24 @@ def openai_models(served) -> list[dict]:
 
 def ollama_tags(served) -> list[dict]:
     """/api/tags' entries of the routers: no file, so no size; the digest is the router's."""
-    out = []
-    for r in (getattr(served, "routers", None) or {}).values():
-        digest = hashlib.sha256(json.dumps([r.kind, list(r.models)]).encode()).hexdigest()
-        out.append({"name": f"{r.name}:latest", "model": f"{r.name}:latest",
-                    "modified_at": _modified(r), "size": 0, "digest": digest,
-                    "details": {"parent_model": "", "format": "router", "family": "router",
-                                "families": None, "parameter_size": "",
-                                "quantization_level": ""}})
-    return out
+    return [_tag(r) for r in (getattr(served, "routers", None) or {}).values()]
+
+
+def ollama_show(router: Router) -> dict:
+    """/api/show's reply for a router: no file, template or parameters of its own; its policy
+    and models in model_info."""
+    tag = _tag(router)
+    return {"modelfile": "", "parameters": "", "template": "", "details": tag["details"],
+            "model_info": {"router.policy": router.kind, "router.models": list(router.models)},
+            "capabilities": ["completion"], "modified_at": tag["modified_at"]}
+
+
+def _tag(r: Router) -> dict:
+    digest = hashlib.sha256(json.dumps([r.kind, list(r.models)]).encode()).hexdigest()
+    return {"name": f"{r.name}:latest", "model": f"{r.name}:latest",
+            "modified_at": _modified(r), "size": 0, "digest": digest,
+            "details": {"parent_model": "", "format": "router", "family": "router",
+                        "families": None, "parameter_size": "", "quantization_level": ""}}
 
 
 def _modified(router: Router) -> str:

@@ -130,7 +130,7 @@ def mark_frontier(points: list[RoutePoint]) -> None:
 # Thresholds swept when none are given, by the router's confidence measure: for the mean, the
 # range SmolLM2's confidences fell in (docs/routing.md), around the default; for min and margin,
 # a spread over each measure's scale, not yet measured.
-DEFAULT_THRESHOLDS = {"mean": (-0.4, -0.5, -0.6, -0.8), "min": (-1.0, -2.0, -3.0, -5.0),
+DEFAULT_THRESHOLDS = {"mean": (-0.5, -0.6, -0.7, -0.8), "min": (-1.0, -2.0, -3.0, -5.0),
                       "margin": (1.0, 2.0, 3.0, 5.0)}
 
 

@@ -22,7 +22,7 @@ MEASURES = ("mean", "min", "margin")
 # `frontier --router` chose on SmolLM2 Q4_0 -> F16 (docs/routing.md, "Measured frontier").
 DEFAULT_MEASURE = "mean"
 DEFAULT_TOKENS = 16
-DEFAULT_THRESHOLD = -0.6
+DEFAULT_THRESHOLD = -0.7
 # The decision waits for at most this many tokens: the time to first token of an answer that
 # stands is the small model's prefill and these tokens' decode.
 MAX_TOKENS = 256

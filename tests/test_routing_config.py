@@ -161,3 +161,28 @@ def test_the_stream_holds_the_first_tokens_until_the_decision(small_logprob, ans
         assert [e for e in log if e[0] == "made" and e[1] == "small"][-1] == ("made", "small", 3)
     assert outcome.routed_to == answer and outcome.confidence == pytest.approx(small_logprob)
     assert [s.accepted for s in outcome.steps] == ([True] if answer == "small" else [False, True])
+
+
+def test_a_hostile_web_of_routers_is_checked_in_bounded_time(tmp_path):
+    """Routers each naming the next eight (a web with about 2^N paths): checked by a walk that
+    visits each router once; the same web closed into a cycle is refused; too many routers are
+    refused by count."""
+    import time
+    from localinfer.routing import config
+    from localinfer.user_config import ConfigError, parse
+
+    def web(n: int, closed: bool) -> bytes:
+        text = ""
+        for i in range(n):
+            members = [f'"r{j % n}"' for j in range(i + 1, i + 9) if closed or j < n]
+            listed = ", ".join(members or ['"smollm2"'])
+            text += f'[routers.r{i}]\npolicy = "rule"\nmodels = [{listed}]\n'
+        return text.encode()
+    start = time.perf_counter()
+    assert len(config.checked(parse(web(200, closed=False), tmp_path / "config.toml"))) == 200
+    with pytest.raises(ConfigError, match="reaches itself"):
+        config.checked(parse(web(200, closed=True), tmp_path / "config.toml"))
+    assert time.perf_counter() - start < 5
+    many = "".join(f'[routers.r{i}]\nmodels = ["smollm2", "smollm2:Q8_0"]\n' for i in range(300))
+    with pytest.raises(ConfigError, match="300 routers; a file declares at most 256"):
+        config.checked(parse(many.encode(), tmp_path / "config.toml"))

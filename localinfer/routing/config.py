@@ -34,6 +34,7 @@ from localinfer.user_config import ConfigError, UserConfig, read, shown_key, tom
 POLICIES = ("cascade", "rule")
 MAX_MODELS = 8          # a cascade of more decides too late to pay; a rule router names few
 MAX_RULES = 64
+MAX_ROUTERS = 256       # each member is looked up in the catalogue and the store when checked
 MAX_PRIORITY = 32       # characters of a priority's name
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 CASCADE_KEYS = {"models", "policy", "threshold", "tokens", "measure"}
@@ -48,6 +49,9 @@ def checked(config: UserConfig) -> dict[str, Router]:
     found: dict[str, Router] = {}
     if not config.routers:
         return found        # the catalogue is read only for a file that declares routers
+    if len(config.routers) > MAX_ROUTERS:
+        raise ConfigError(f"{config.path}: {len(config.routers):,} routers; a file declares at "
+                          f"most {MAX_ROUTERS}")
     cat = catalogue.load(settings.load().user_catalogue)
     for name, table in config.routers.items():
         where = f"{config.path}: [routers.{shown_key(name)}]"
@@ -163,7 +167,7 @@ def _check_members(found: dict[str, Router], path: Path, cat) -> None:
     """Each member names a model that exists, or (a rule router's) another router; no router
     reaches itself."""
     for router in found.values():
-        cycle = _cycle(router.name, found, [])
+        cycle = _cycle(router.name, found)
         if cycle:
             raise ConfigError(f"{path}: [routers.{router.name}] reaches itself: "
                               f"{' -> '.join(cycle)}; a router cannot hold itself")
@@ -178,16 +182,26 @@ def _check_members(found: dict[str, Router], path: Path, cat) -> None:
                                   "models (a rule router may name a cascade)")
 
 
-def _cycle(name: str, found: dict[str, Router], trail: list[str]) -> list[str] | None:
-    """The chain of routers from `name` back to one on `trail` (depth at most the number of
-    routers: each step adds a router not on it)."""
-    if name in trail:
-        return [*trail[trail.index(name):], name]
-    for member in found[name].models:
-        if member.lower() in found:
-            cycle = _cycle(member.lower(), found, [*trail, name])
-            if cycle:
-                return cycle
+def _cycle(start: str, found: dict[str, Router]) -> list[str] | None:
+    """A chain of routers from `start` back to a router on it, or None: a depth-first walk with
+    an explicit stack that visits each router once (a chain or a web of routers costs their
+    count, never a recursion as deep as the chain, nor a walk of every path)."""
+    done: set[str] = set()
+    trail: list[str] = [start]
+    stack = [iter(found[start].models)]
+    while stack:
+        member = next(stack[-1], None)
+        if member is None:
+            stack.pop()
+            done.add(trail.pop())
+            continue
+        name = member.lower()
+        if name not in found or name in done:
+            continue
+        if name in trail:
+            return [*trail[trail.index(name):], name]
+        trail.append(name)
+        stack.append(iter(found[name].models))
     return None
 
 

@@ -224,6 +224,8 @@ def test_a_result_no_call_asked_for_is_said_to_the_model(server):
     ({"input": []}, 400, "'input' must be a string or a list"),
     ({"input": [{"type": "message", "role": "boss", "content": "x"}]}, 400, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     400, "input[0].content[0] is not base64"),     # images are read (issue 46): this one is not
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      400, "only text parts"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
      400, "input[0].arguments must be a JSON object"),

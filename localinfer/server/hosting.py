@@ -247,7 +247,9 @@ async def open_view(served, body: dict, *, name_key: str = "model", tag: str = "
     name = body.get(name_key)
     bare = name.removesuffix(tag) if tag and isinstance(name, str) else name
     from localinfer.server.media_parts import asked
-    lease = await served.models.lease(bare or name, body.get("keep_alive"), media=asked(body))
+    media = asked(body)
+    lease = await served.models.lease(bare or name, body.get("keep_alive"),
+                                      **({"media": media} if media else {}))
     batch = _asks_batch(body)
     return view(served, lease, name, batch=batch, coming=job and not batch)
 

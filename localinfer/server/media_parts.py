@@ -185,12 +185,14 @@ def chat_tokens(session, messages: list[dict], extra: dict, media: list[Media]) 
                          "remove it", "messages")
     from localinfer.engine import prompt, templates
     template = session.chat_template
-    for m in messages:      # the text is tokenized with special tokens on, beside the media
-        content = m.get("content")
-        if isinstance(content, str) and prompt._controls(
-                session, session.tokenize(content.replace(MARKER, ""), special=True)):
-            raise BadRequest("a conversation with images or audio cannot spell the model's "
-                             "control tokens in its text; remove them", "messages")
+    # The text is tokenized with special tokens on, beside the media: no string of the request
+    # (a message, a tool, a template variable) may spell a control token.
+    texts = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+    texts += prompt._strings([[prompt._beside_content(m) for m in messages], extra])
+    if any(prompt._controls(session, session.tokenize(text.replace(MARKER, ""), special=True))
+           for text in texts):
+        raise BadRequest("a conversation with images or audio cannot spell the model's "
+                         "control tokens in its text; remove them", "messages")
     marks = {"bos_token": prompt._text(session, session.bos_token),
              "eos_token": prompt._text(session, session.eos_token), "extra": extra}
     rendered = templates.render(template, prompt.placed_systems(template, messages, marks),

@@ -13,6 +13,8 @@ The interface other parts build on (serve, frontier):
     from localinfer import routing
 
     router = routing.load_router("fast")     # checked config; ConfigError (exit 2) or UsageError
+    routing.lookup(name)                     # the Router, or None: `name` is a model
+    routing.routers()                        # {name: Router}: every router (for model lists)
     router.models                            # ("smollm2:Q4_1", "smollm2:Q8_0"), cheapest first
     router.kind                              # "cascade" | "rule"
     router.policy.tokens, .threshold, .measure   # a cascade's decision (routing.policy.Cascade)
@@ -30,6 +32,9 @@ The interface other parts build on (serve, frontier):
     for text in routing.stream(router.policy, router.models, [start_small, start_large], outcome):
         send(text)                           # never text that is later withdrawn
     outcome.fields()   # {"routed_to", "confidence", "threshold", "route": [...]} for JSON
+    outcome.describe(router.name, router.policy)   # the -v line
+    # A rule router: router.policy.choose(routing.Facts(prompt_tokens=..., schema=..., tools=...,
+    # thinking=..., priority=...)) -> (model or router name, rule index or None for the default).
 
     # run's and load()'s path: a Pool loads each model when the request reaches it (one at a
     # time when they do not fit the memory budget together) and prepare() gives a Generation-like

@@ -151,10 +151,15 @@ class LlamaCppSession(GGUFVocabulary):
             self._n_past, self._unsure = engine().llama_memory_seq_pos_max(self._mem, 0) + 1, False
         return self._n_past
 
-    def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all"] = "last") -> np.ndarray:
+    def eval(self, tokens: Sequence[int], *, logits: Literal["last", "all", "none"] = "last") \
+            -> np.ndarray | None:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextOverflow(
                 f"the context is full ({self.n_ctx} tokens); raise --ctx or shorten the input")
+        if logits == "none":    # text between media (engine/media.py): no output row computed
+            for start in range(0, len(tokens), self.n_batch):
+                self._decode(tokens[start:start + self.n_batch], want_all=False, want_last=False)
+            return None
         rows = []
         step = self.n_batch if logits == "last" else min(self.n_batch, MAX_OUTPUTS)
         for start in range(0, len(tokens), step):

@@ -156,13 +156,15 @@ def _run(todo: list[Span], k: int) -> list:
     return run
 
 
-def _text(cache, prompt: Sequence[int], start: int, end: int, step: int) -> np.ndarray:
-    logits = None
+def _text(cache, prompt: Sequence[int], start: int, end: int, step: int) -> np.ndarray | None:
+    """prompt[start:end] in batches of `step`; the logits of its last token only when it ends
+    the prompt (each output row costs a pass over the output layer: a few ms per medium)."""
+    logits, last = None, end == len(prompt)
     for at in range(start, end, step):
         piece = prompt[at:min(at + step, end)]
-        logits = cache.session.eval(piece)
+        logits = cache.session.eval(piece, logits="last" if last else "none")
         cache.tokens.extend(piece)
-    assert logits is not None
+    assert logits is not None or not last
     return logits
 
 

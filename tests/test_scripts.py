@@ -21,7 +21,7 @@ SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
 CACHE_ENV = "LOCALINFER_BENCH_CACHE"      # scripts/llama_tools.py reads it (cache_root)
 HELPERS = {"common.py"}                   # imported by the scripts, never run
 SCRIPTS = sorted(p.name for p in SCRIPTS_DIR.glob("*.py") if p.name not in HELPERS)
-TOOLS = ("llama-bench", "llama-server", "llama-quantize")    # every tool a script builds
+TOOLS = ("llama-bench", "llama-server", "llama-quantize", "llama-mtmd-cli")   # every tool a script builds
 
 
 def script(name: str, *args: str, env: dict | None = None,
@@ -113,6 +113,7 @@ CHEAPEST = {
     "bench_embed.py": ("smollm2", "--lines", "8", "--rounds", "1"),
     "bench_kv_types.py": ("{SMOL}", "quality"),
     "bench_map.py": ("smollm2", "--lines", "4", "--parallel", "2", "-n", "4"),
+    "bench_multimodal.py": ("--rounds", "1", "--tokens", "8"),
     "bench_memory.py": ("{SMOL}", "--ctx", "512", "--backend", "llama.cpp"),
     "bench_mlx.py": ("smollm2", "--cpu", "--rounds", "1", "-n", "8", "-r", "1"),
     "bench_onnx.py": ("smollm2", "--rounds", "1", "-p", "32", "-n", "8", "-r", "1"),

@@ -97,10 +97,18 @@ def test_a_cascade_answers_as_its_chosen_model_and_shows_nothing_passed_on(serve
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")
     own = {small: [_complete(client, small, p)[1] for p in PROMPTS]}
     for prompt, expected in zip(PROMPTS, own[small]):
-        assert _complete(client, "keep", prompt) == (small, expected, {"routed_to": small})
+        header, text, usage = _complete(client, "keep", prompt)
+        assert (header, text, usage["routed_to"]) == (small, expected, small)
+        (step,) = usage["routing"]["route"]         # kept on its confidence, -inf: always
+        assert usage["routing"]["threshold"] == "-inf" and step["model"] == small
+        assert step["accepted"] is True and step["confidence"] <= 0
     own[large] = [_complete(client, large, p)[1] for p in PROMPTS]
     passed = _metric(url, "routed_passed_on_total", router="up", model=small)
-    assert _complete(client, "up", PROMPTS[0]) == (large, own[large][0], {"routed_to": large})
+    header, text, usage = _complete(client, "up", PROMPTS[0])
+    assert (header, text, usage["routed_to"]) == (large, own[large][0], large)
+    assert usage["routing"]["threshold"] == "inf"
+    assert [(s["model"], s["accepted"]) for s in usage["routing"]["route"]] == [
+        (small, False), (large, True)]
     # the two do not fit together: the small one was unloaded to make room
     assert [m.model for m in ollama.Client(host=url).ps().models] == [f"{large}"]
     # streamed: nothing of the small model's held text reaches the client
@@ -116,6 +124,8 @@ def test_a_cascade_answers_as_its_chosen_model_and_shows_nothing_passed_on(serve
     for i, prompt in enumerate(PROMPTS):
         header, text, usage = _complete(client, "mid", prompt)
         assert text == own[header][i] and usage["routed_to"] == header
+        assert usage["routing"]["threshold"] == -0.6
+        assert usage["routing"]["route"][-1]["model"] == header
         chosen.add(header)
     assert chosen == {small, large}
 
@@ -126,6 +136,7 @@ def test_a_rule_router_routes_by_priority_in_every_api(server):
     assert _complete(client, "pick", PROMPTS[1])[0] == small
     header, text, usage = _complete(client, "pick", PROMPTS[1], extra_body={"priority": "high"})
     assert header == large and usage["routed_to"] == large
+    assert usage["routing"] == {"router": "pick", "rule": "rule 1"}
     assert text == _complete(client, large, PROMPTS[1])[1]
     said = ollama.Client(host=url).generate(model="pick", prompt=PROMPTS[1], raw=True,
                                             options={"temperature": 0, "num_predict": 12,

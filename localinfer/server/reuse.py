@@ -194,10 +194,10 @@ def reused(jobs) -> bool:
 
 def usage(*jobs) -> dict:
     """The usage block's extra fields: `reused` when every answer of the reply was replayed,
-    `routed_to` when a router chose its model (server/routers.py)."""
-    routed = next((job.routed_to for job in jobs if getattr(job, "routed_to", None)), None)
+    `routed_to` and `routing` when a router chose its model (server/routers.py)."""
+    routed = next((job for job in jobs if getattr(job, "routed_to", None)), None)
     return ({"reused": True} if reused(jobs) else {}) | \
-        ({"routed_to": routed} if routed else {})
+        ({"routed_to": routed.routed_to, "routing": routed.routing} if routed else {})
 
 
 def headers(jobs) -> dict[str, str]:

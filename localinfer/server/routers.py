@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
@@ -80,14 +81,18 @@ async def run_on(served, request, body: dict, refuse, prepare, fail, reply_of):
 async def _routed(served, request, body: dict, attempt: Attempt, router: Router,
                   priority: str | None, depth: int):
     if router.kind == "rule":
-        member, _ = await _chosen(served, body, router, priority)
+        member, rule = await _chosen(served, body, router, priority)
         inner = find(served, member)
         if inner is not None and depth < MAX_DEPTH:
             return await _routed(served, request, body, attempt, inner, priority, depth + 1)
-        return await _tried(served, body, attempt, Gate(router.name, member, None))
+        said = {"router": router.name, "rule": "default" if rule is None else f"rule {rule + 1}"}
+        return await _tried(served, body, attempt, Gate(router.name, member, None, said))
+    threshold = router.policy.threshold
+    said = {"router": router.name, "threshold": threshold if math.isfinite(threshold)
+            else str(threshold), "route": []}      # JSON has no infinity: "inf", "-inf"
     for i, member in enumerate(router.models):
         last = i == len(router.models) - 1
-        gate = Gate(router.name, member, None if last else router.policy)
+        gate = Gate(router.name, member, None if last else router.policy, said)
         response = await _tried(served, body, attempt, gate)
         if response is not None:
             return response
@@ -112,10 +117,13 @@ async def _tried(served, body: dict, attempt: Attempt, gate: Gate):
 class Gate:
     """One model's try at a routed request. With a cascade's policy its text is held back until
     its confidence decides (`kept`); without one it goes out as it comes. Either way its job
-    says `routed_to` (the usage's field)."""
+    says `routed_to` and `routing` (the usage's fields: `said`, the router's name and its rule,
+    or its threshold and each model tried with its confidence, filled as the decisions come)."""
 
-    def __init__(self, router: str, member: str, policy: Cascade | None) -> None:
+    def __init__(self, router: str, member: str, policy: Cascade | None,
+                 said: dict | None = None) -> None:
         self.router, self.member, self.policy = router, member, policy
+        self.said = said if said is not None else {"router": router}
         self.kept: bool | None = None if policy is not None else True
         self.confidence: float | None = None
         self.gone = False               # the client left while the answer was held
@@ -132,8 +140,11 @@ class Gate:
     def wrap(self, job, on_text, on_done):
         """(on_text, on_done) for the worker, holding the text back until the decision (on the
         event loop: the decision is awaited there)."""
-        job.routed_to = self.member
+        job.routed_to, job.routing = self.member, self.said
         if self.policy is None:
+            if "route" in self.said:        # a cascade's last model: its answer stands
+                self.said["route"].append({"model": self.member, "confidence": None,
+                                           "accepted": True})
             return on_text, on_done
         job.limits = routing.scoring(job.limits, self.policy)
         loop = asyncio.get_running_loop()
@@ -161,6 +172,9 @@ class Gate:
         else:
             self.confidence = self.policy.confidence(job.logprobs)
             self.kept = self.policy.decide(self.confidence)
+        finite = self.confidence is not None and math.isfinite(self.confidence)
+        self.said["route"].append({"model": self.member, "accepted": self.kept,
+                                   "confidence": self.confidence if finite else None})
         if self.kept:
             for piece in self._held:
                 on_text(piece)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from localinfer.engine.decode import Limits, Stats
 from localinfer.engine.load import LoadedModel
@@ -50,13 +51,16 @@ class _Setup:
 def load(model: str, *, quant: str = "auto", ctx: int = 0, backend: str = "auto",
          memory: str | None = None, kv_type: str | None = None, gpu_layers: str | int = "auto",
          threads: int = 0, offline: bool = False, cpu_moe: str | int = "auto",
-         rpc: str | None = None, notify: Callable[[str], None] | None = None) -> Model:
+         rpc: str | None = None, notify: Callable[[str], None] | None = None,
+         mmproj: str | None = None) -> Model:
     """Resolve, pull, fit and load a model as `localinfer run MODEL` would (same options, same
     refusals, as exceptions). `ctx` 0 sizes the context to each prompt; `memory` is a budget such
     as "6GB"; `cpu_moe` keeps a mixture of experts' experts of that many layers in RAM (auto:
     as the GPU needs); `rpc` names `localinfer worker`s as --rpc does ("host:50052,..."): once
     connected they stay in this process's llama.cpp, and later loads use them too; `notify`
-    hears the notes `run` writes to stderr."""
+    hears the notes `run` writes to stderr; `mmproj` names the projector that images and audio
+    go through (default: mmproj*.gguf beside a model file), loaded with the first call that
+    sends media."""
     if threads < 0:
         raise UsageError(f"threads must be 0 (automatic) or more, not {threads}")
     if ctx < 0:
@@ -79,6 +83,7 @@ def load(model: str, *, quant: str = "auto", ctx: int = 0, backend: str = "auto"
         return Model(_Setup(None, fit, report, backend, threads, router))
     named = loading.name(model, fit, report)
     made = Model(_Setup(named, fit, report, backend, threads))
+    made._mmproj = mmproj
     made._open()
     return made
 
@@ -96,6 +101,7 @@ class Model:
         # prints them (None: not asked for)
         self.logprobs: list[dict] | None = None
         self._embedder = None               # the model in embedding mode, opened by embed()
+        self._mmproj: str | None = None     # load's mmproj (see _media)
         self._pool = None                   # a router's models (routing.Pool), as loaded
         # Through a router: how the last call went (routed_to, confidence, threshold, route);
         # `stats.as_dict()` carries it too. None for a model.
@@ -138,7 +144,8 @@ class Model:
         self._check_open()
         priority = options.pop("priority", None)        # a rule router's `priority` rules
         ask, system, raw = _ask(options)
-        request = _request(PromptText(prompt, 0, system, raw, ask.think.think), ask)
+        request = _request(PromptText(prompt, 0, system, raw, ask.think.think,
+                                      self._media(options)), ask)
         if self._setup.router is not None:
             yield from self._routed(request, ask, priority)
             return
@@ -149,14 +156,22 @@ class Model:
 
     def chat(self, messages: list[dict], **options) -> str:
         """The assistant's reply to a conversation of {"role", "content"} messages, through the
-        model's chat template (`system` adds a system message in front)."""
+        model's chat template (`system` adds a system message in front). Through a router each
+        call is routed as a request of its own with the whole conversation, rendered by the
+        answering model's template (`priority` as generate's; `route` says who answered)."""
         self._check_open()
+        priority = options.pop("priority", None)
         ask, system, raw = _ask(options)
+        if options.get("images") or options.get("audio"):
+            raise UsageError("chat() takes no images or audio yet: use generate(prompt, images=...)")
         if raw:
             raise UsageError("chat takes messages for the chat template; use generate(raw=True)")
         if self._setup.router is not None:
-            raise UsageError(f"chat() does not go through router {self.name} yet: use "
-                             "generate(), or load one of its models")
+            last = str(messages[-1].get("content", "")) if messages else ""
+            request = _request(PromptText(last, 0, system, False, ask.think.think,
+                                          messages=tuple(messages)), ask)
+            return "".join(text for kind, text in self._routed(request, ask, priority)
+                           if kind == ANSWER)
         conversation = ([{"role": "system", "content": system}] if system else []) + messages
         return "".join(text for kind, text in self._chat(conversation, ask) if kind == ANSWER)
 
@@ -243,6 +258,37 @@ class Model:
         yield from self._run(reuse.reusing(session, tokens, ask, build, raw=False,
                                            notify=self._setup.report.notify), ask)
 
+    def _media(self, options: dict) -> tuple:
+        """`images` and `audio` (paths, bytes or localinfer.media.Media), checked before anything
+        decodes them; the first call with media loads the projector with the model, for good."""
+        from dataclasses import replace
+
+        from localinfer import media
+        from localinfer.engine.media import find_projector
+        given = []
+        for kind in ("images", "audio"):
+            items = options.get(kind) or ()
+            if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+                raise UsageError(f"{kind} must be a list (of paths, bytes or Media)")
+            expect = "image" if kind == "images" else "audio"
+            media.count_ok(len(given) + len(items), "the request")
+            for k, m in enumerate(items):
+                if isinstance(m, media.Media):
+                    given.append(m)
+                elif isinstance(m, (bytes, bytearray)):
+                    given.append(media.check(bytes(m), f"{kind}[{k}]", expect))
+                elif isinstance(m, (str, Path)):      # not an int: os.stat would take a descriptor
+                    given.append(media.read_path(m, expect))
+                else:
+                    raise UsageError(f"{kind}[{k}] must be a path, bytes or a Media")
+        if given and not self._setup.fit.mmproj:
+            ref = self._setup.named.ref if self._setup.named else None
+            if ref is None:
+                raise UsageError("images and audio do not go through a router yet")
+            path = find_projector(str(ref.path or ref.display), self._mmproj, tuple(given))
+            self._setup = replace(self._setup, fit=replace(self._setup.fit, mmproj=path))
+        return tuple(given)
+
     def _run(self, made, ask: pipeline.Ask) -> Iterator[Part]:
         from localinfer.cache import prompt_cache
         from localinfer.thinking.setup import no_answer
@@ -273,7 +319,7 @@ class Model:
 _OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
             "frequency_penalty", "presence_penalty", "logit_bias",
             "stop", "system", "raw", "draft", "draft_max", "json_schema", "grammar", "cache",
-            "think", "think_budget", "logprobs", "reuse_answers",
+            "think", "think_budget", "logprobs", "reuse_answers", "images", "audio",
             "reuse_similarity", "reuse_embedder"}
 
 

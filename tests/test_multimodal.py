@@ -54,6 +54,15 @@ def test_an_image_is_answered_the_same_cold_and_from_the_prompt_cache(mm, tmp_pa
     assert "prompt cache: hit" not in other.stderr     # another picture shares no cells
 
 
+def test_no_drafter_sees_media_so_drafting_changes_nothing(mm, tmp_path):
+    plain = _run(mm, tmp_path, "vision", "--image", str(mm / "wide.png"), "--no-cache",
+                 "--draft", "none")
+    drafted = _run(mm, tmp_path, "vision", "--image", str(mm / "wide.png"), "--no-cache",
+                   "--draft", "lookup", "-v")
+    assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == plain.stdout and "speculation:" not in drafted.stderr
+
+
 def test_audio_is_answered(mm, tmp_path):
     result = _run(mm, tmp_path, "audio", "--audio", str(mm / "clip.wav"), "--no-cache")
     assert result.returncode == 0, result.stderr

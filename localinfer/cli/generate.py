@@ -264,7 +264,7 @@ class ChatOptions:
 
 # `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
 RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers",
-            "reuse_similarity", "reuse_embedder")
+            "reuse_similarity", "reuse_embedder", "image", "audio")    # chat: /image, /audio
 
 
 def _refuse_run_only(command: typer.Context) -> None:

@@ -129,7 +129,9 @@ def test_the_key_as_x_api_key_or_bearer_and_a_wrong_key_is_a_401(server):
     ({"messages": [{"role": "tool", "content": "hi"}]}, "role"),
     ({"messages": []}, "messages"),
     ({"stop_sequences": "x"}, "stop_sequences"),
-    ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "text blocks"),
+    ({"messages": [{"role": "user", "content": [{"type": "image"}]}]},       # read (issue 46)
+     "messages[0].content[0].source must be base64 or url"),
+    ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, "text blocks"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "custom tool"),
     ({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
       "tool_choice": {"type": "tool", "name": "g"}}, "tool_choice"),

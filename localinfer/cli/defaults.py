@@ -329,7 +329,12 @@ def _warn_catalogue_keys(conf: settings.Settings) -> None:
 def _problem(path: str, setting: Setting, problem: str) -> str:
     """The line for a value an option refuses; click's own words may quote the whole value."""
     return (f"{path}: {setting.table} {shown_key(setting.key)} = "
-            f"{_cut(toml_value(setting.value), 60)}: {_cut(problem, 160)}")
+            f"{_cut(toml_value(setting.value), 60)}: {_cut(_one_line(problem), 160)}")
+
+
+def _one_line(text: str) -> str:
+    """Click's words with any line break it quoted from the value written as TOML writes it."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _cut(text: str, most: int) -> str:

@@ -42,7 +42,7 @@ def cpu_moe_count(value: str | int | None) -> int | None:
         return None
     if not text.isascii() or not text.isdigit() or int(text) > MAX_CPU_MOE:
         raise UsageError(f"--cpu-moe must be auto, 0 (every expert on the GPU) or a number of "
-                         f"layers whose experts stay in host memory, not {value}")
+                         f"layers whose experts stay in host memory, not {value!r}")
     return int(text)
 
 

@@ -96,6 +96,8 @@ def test_python_generate_with_images_is_run(mm, tmp_path, monkeypatch):
         assert again == text                       # bytes or a path: the same medium
         with pytest.raises(localinfer.errors.UsageError, match="takes no"):
             model.generate(PROMPT, audio=[mm / "clip.wav"])
+        with pytest.raises(localinfer.errors.UsageError, match="must be a path"):
+            model.generate(PROMPT, images=[0])          # not stdin's descriptor
 
 
 def test_a_conversation_keeps_its_image_without_encoding_it_again(mm):
@@ -136,8 +138,9 @@ def test_chat_takes_an_image_command(mm, tmp_path):
     chat = run_cli("chat", str(mm / "vision" / "model.gguf"), "--temp", "0", "-n", "6",
                    "--no-cache", home=tmp_path,
                    input=f"/image {mm}/missing.png\n/image {mm}/small.png\n{PROMPT}\n"
-                         f"/audio {mm}/clip.wav\nThanks.\n")
+                         f"/audio {mm}/clip.wav\nAnd in {mm}/wide.png?\n")
     assert chat.returncode == 0, chat.stderr
     assert "missing.png" in chat.stderr and "PNG image, 32x32" in chat.stderr
+    assert "PNG image, 100x30" in chat.stderr      # a path in the message, as Ollama takes it
     assert "takes no audio" in chat.stderr
     assert chat.stdout.strip()

@@ -9,6 +9,7 @@ the oldest turns go.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -175,6 +176,32 @@ def _attach(chat: _Chat, kind: str, path: str) -> None:
         console.note(f"{path}: {chat.pending[-1].describe()}, sent with your next message")
 
 
+_DROPPED = re.compile(r"(?:[\w.~-]*/)*[\w.~-]+?\.(?:png|jpe?g|gif|bmp|wav|mp3|flac)\b",
+                      re.IGNORECASE)     # a path without spaces, ending in a media extension
+
+
+def _dropped(chat: _Chat, text: str) -> str:
+    """A path to an existing image or clip written in the message (dropped into the terminal),
+    as Ollama takes it: checked, sent with the message, and taken out of its text."""
+    from localinfer import media
+    projector = getattr(chat.loaded.session, "media", None)
+    if projector is None or chat.raw:
+        return text
+    for found in _DROPPED.findall(text)[:media.MAX_ITEMS]:
+        path = Path(found.strip()).expanduser()
+        if not path.is_file():
+            continue
+        kind = "audio" if path.suffix.lower() in (".wav", ".mp3", ".flac") else "image"
+        try:
+            chat.pending.append(media.read_path(path, kind))
+        except UsageError as e:
+            console.error(str(e))
+            continue
+        console.note(f"{path}: {chat.pending[-1].describe()}")
+        text = text.replace(found, "", 1)
+    return text.strip() or text
+
+
 @dataclass
 class _Turn:
     """How each reply is made: the sampler (one random stream for the whole conversation), the
@@ -190,6 +217,7 @@ class _Turn:
     def take(self, chat: _Chat, text: str) -> None:
         """Answer the user's `text`; the exchange joins the conversation as far as it went."""
         messages = chat.messages
+        text = _dropped(chat, text)
         sent, chat.pending = chat.pending, []
         if sent:
             from localinfer.media import MARKER

@@ -65,7 +65,7 @@ def test_run_help_on_a_terminal_groups_options_and_shows_examples():
     # --rpc (issue 30) two more (120 lines at 2f3efca); --frequency-penalty, --presence-penalty,
     # --logit-bias (issue 44) one line each; --logprobs (issue 44) two; --reuse-answers (issue 45)
     # two; --reuse-similarity and --reuse-embedder (issue 45) one each; the Images and audio
-    # panel (issue 46) five.
+    # panel (issue 46) five; --priority (issue 45) one, --truncate's help one shorter.
     assert len(screen.splitlines()) <= 134
 
 

@@ -125,3 +125,41 @@ def test_rules_route_by_what_the_request_holds_through_load(models, home, monkey
         assert model.route["routed_to"] == large and model.stats.as_dict()["router"] == "up"
     with localinfer.load(large) as plain:
         assert got == plain.generate(PROMPT, temperature=0, max_tokens=24, draft="none")
+
+
+CHAT = "What is the capital of France?\nAnd of Spain?\n"
+CHAT_GREEDY = ("--temp", "0", "-n", "16", "--offline")
+
+
+def test_a_routed_chat_answers_each_turn_as_the_answering_models_own_chat(models, home,
+                                                                          monkeypatch):
+    """Each turn goes through the cascade with the whole conversation; every turn of `up` is
+    the large model's, byte for byte as `chat LARGE` gives it, and nothing of the small model's
+    held first tokens shows. The prompt cache restores the first turn for the second."""
+    large = str(models["large"])
+    own = run_cli("chat", large, *CHAT_GREEDY, home=home, input=CHAT)
+    routed = run_cli("chat", "up", *CHAT_GREEDY, "-v", home=home, input=CHAT)
+    assert own.returncode == 0 and routed.returncode == 0, own.stderr + routed.stderr
+    assert len(own.stdout.splitlines()) >= 2 and routed.stdout == own.stdout
+    assert routed.stderr.count(f"router up: answered by {large}") == 2
+    assert "cached" in routed.stderr.split(f"router up: answered by {large}")[2]
+    first, second = own.stdout.splitlines()[:2]
+    import localinfer          # Model.chat through the router: the same second turn
+    monkeypatch.setenv("LOCALINFER_HOME", str(home))
+    with localinfer.load("up") as model:
+        got = model.chat([{"role": "user", "content": CHAT.splitlines()[0]},
+                          {"role": "assistant", "content": first},
+                          {"role": "user", "content": CHAT.splitlines()[1]}],
+                         temperature=0, max_tokens=16, draft="none")
+        assert got == second and model.route["routed_to"] == large
+
+
+def test_run_priority_feeds_a_rule_routers_priority_rules(models, home, own):
+    result = run_cli("run", "pick", PROMPT, *GREEDY, "--priority", "high", "-v", home=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == own["large"]        # rule 3 sends it to the cascade `up`
+    assert f"router up: answered by {models['large']}" in result.stderr
+    plain = run_cli("run", str(models["small"]), "Hi", "-n", "1", "--offline", "--priority",
+                    "high", "-v", home=home)
+    assert plain.returncode == 0, plain.stderr
+    assert "--priority high: ignored" in plain.stderr

@@ -63,9 +63,8 @@ def run(
     stop: list[str] = stop_option(),
     ctx: int = ctx_option(0, 0, CTX_HELP),
     truncate: bool = typer.Option(False, "--truncate", rich_help_panel=CONTEXT,
-                                  help="A prompt longer than the context fits: keep the question "
-                                  "and the end of the piped input, drop the rest (stderr says "
-                                  "how much)."),
+                                  help="Fit a long prompt: drop the start of the piped input, "
+                                  "not the question (stderr says how much)."),
     quant: str = quant_option(),
     memory_: Optional[str] = memory_option(),
     kv_type: Optional[str] = kv_type_option(),
@@ -73,6 +72,9 @@ def run(
     reuse_answers: bool = reuse_answers_option(),
     reuse_similarity: Optional[float] = reuse_similarity_option(),
     reuse_embedder: Optional[str] = reuse_embedder_option(),
+    priority: Optional[str] = typer.Option(None, "--priority", metavar="NAME",
+                                           rich_help_panel=CONTEXT, show_default=False,
+                                           help="A rule router's priority (docs/routing.md)."),
     draft: str = draft_option(),
     draft_max: int = draft_max_option(),
     as_json: bool = json_option("Print one JSON object (text and stats) instead of streaming."),
@@ -141,10 +143,13 @@ def run(
                        draft_max=draft_max,
                        output=output, use_cache=not no_cache, think=thinking, reuse=reuse_answers,
                        similar=matching)
+    if priority is not None and verbose and (router is None or router.kind != "rule"):
+        console.note(f"--priority {priority}: ignored, {model} is not a rule router")
     if router is not None:      # one name for several models (docs/routing.md)
         return routed.run(router, request, fit, ask, report, backend=backend, threads=threads,
                           engine_log=engine_log(verbose), as_json=as_json, verbose=verbose > 0,
-                          show_trace=show_by_default(show_thinking), max_tokens=max_tokens)
+                          show_trace=show_by_default(show_thinking), max_tokens=max_tokens,
+                          priority=priority)
     loaded, generation = pipeline.prepare(named, request, fit, ask, report, backend=backend,
                                           threads=threads, engine_log=engine_log(verbose),
                                           probe_note=True)
@@ -263,7 +268,7 @@ class ChatOptions:
 
 
 # `run`'s options a chat does not take: given with no prompt on a terminal, they would be lost.
-RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers",
+RUN_ONLY = ("truncate", "draft", "draft_max", "as_json", "logprobs", "reuse_answers", "priority",
             "reuse_similarity", "reuse_embedder", "image", "audio")    # chat: /image, /audio
 
 
@@ -286,7 +291,7 @@ def open_chat(o: ChatOptions) -> None:
     from localinfer.pipeline import load
     from localinfer.thinking.setup import check_asked, style_of
     from localinfer.cli import routed
-    routed.refuse_chat(o.model)
+    router = routed.router_for(o.model, quant=o.quant)
     _check_max_tokens(o.max_tokens)
     params = SamplingParams(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                             repeat_penalty=o.repeat_penalty, seed=o.seed,
@@ -297,6 +302,16 @@ def open_chat(o: ChatOptions) -> None:
     fit, report = fit_options(quant=o.quant, ctx=o.ctx, kv_type=o.kv_type, memory=o.memory_,
                               gpu_layers=o.gpu_layers, offline=o.offline,
                               cpu_moe=o.cpu_moe), reporter()
+    if router is not None:      # each turn routed with the conversation (docs/routing.md)
+        if o.raw or o.mmproj:
+            raise UsageError(f"{'--raw' if o.raw else '--mmproj'} does not apply to router "
+                             f"{router.name}: chat with one of its models for it")
+        from localinfer.pipeline.generate import Ask
+        return routed.chat(router, system=o.system, ask=Ask(
+            params, Limits(o.max_tokens, tuple(o.stop)), draft="none", output=output,
+            use_cache=not o.no_cache, think=thinking), fit=fit, report=report, backend=o.backend,
+            threads=o.threads, engine_log=engine_log(o.verbose), verbose=o.verbose > 0,
+            show_trace=show_by_default(o.show_thinking))
     from dataclasses import replace
 
     from localinfer.engine.media import chat_projector

@@ -1,8 +1,10 @@
 """`run ROUTER`: a router's request streamed as `run` streams a model's (cli.shell.emit), the route
-said by -v and carried by --json (routed_to, confidence, threshold, route)."""
+said by -v and carried by --json (routed_to, confidence, threshold, route); `map ROUTER` line by
+line; `chat ROUTER` turn by turn, each turn a routed request with the whole conversation."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from localinfer.cli import console, shell
@@ -31,16 +33,6 @@ def router_for(model: str, *, quant: str = "auto", reuse_answers: bool = False) 
     return router
 
 
-def refuse_chat(model: str) -> None:
-    """A chat keeps one model's context from turn to turn; a router decides per request."""
-    from localinfer import routing
-    router = routing.lookup(model)
-    if router is not None:
-        raise UsageError(f"{router.name} is a router, and a chat through a router is not "
-                         f"supported yet (a chat keeps one model's context); chat with one of "
-                         f"its models ({', '.join(router.models)}), or pass a PROMPT to run")
-
-
 class _Answering:
     """The model answering so far, for shell.emit (which reads the model it is given after the
     answer ends: by then the route is decided)."""
@@ -54,7 +46,7 @@ class _Answering:
 
 def run(router: Router, request: Request, fit: FitOptions, ask: Ask, report: Reporter, *,
         backend: str, threads: int, engine_log: bool, as_json: bool, verbose: bool,
-        show_trace: bool, max_tokens: int) -> None:
+        show_trace: bool, max_tokens: int, priority: str | None = None) -> None:
     """`run`'s path for a router: its models loaded as the request reaches them, the answer of
     the one that answers streamed, the rest of `run`'s checks on that model."""
     from dataclasses import replace
@@ -66,7 +58,7 @@ def run(router: Router, request: Request, fit: FitOptions, ask: Ask, report: Rep
     pool = routing.Pool(replace(fit, quant="auto"), report, backend=backend, threads=threads,
                         engine_log=engine_log)
     try:
-        made = routing.prepare(router, request, ask, pool)
+        made = routing.prepare(router, request, ask, pool, priority=priority)
         out = shell.emit(made, _Answering(made), as_json=as_json, verbose=verbose,
                          show_trace=show_trace)
         if verbose:
@@ -145,3 +137,128 @@ def map_lines(router: Router, feed, printer, *, template: str, params, limits, s
     if verbose:
         console.note(f"router {router.name}: " + ", ".join(
             f"{n} line{'s' if n != 1 else ''} answered by {model}" for model, n in kept.items()))
+
+
+def chat(router: Router, *, system: str | None, ask: Ask, fit: FitOptions, report: Reporter,
+         backend: str, threads: int, engine_log: bool, verbose: bool, show_trace: bool) -> None:
+    """`chat ROUTER`: each turn routed as a request of its own (as `run` routes one) with the
+    whole conversation so far, rendered by the answering model's own chat template. The router
+    decides per turn; each model keeps the KV cells of the turns it has seen (as `chat MODEL`
+    keeps them), so they are not evaluated again while it stays loaded, and its prompt cache
+    restores long ones when it was loaded again."""
+    from dataclasses import replace
+
+    from localinfer import routing
+    from localinfer.cli import chat as chat_repl
+    pool = routing.Pool(replace(fit, quant="auto"), report, backend=backend, threads=threads,
+                        engine_log=engine_log, keep_cells=True)
+    history = chat_repl._setup_readline()
+    talk = _Talk(router, pool, ask, system, verbose, show_trace)
+    console.note(f"router {router.name} ready ({', '.join(router.models)}) · /help lists the "
+                 "commands; /bye or Ctrl-D leaves")
+    prompts = console.interactive(sys.stdin)    # no prompts mixed into piped output
+    try:
+        while (message := chat_repl._next_message(prompts)) is not None:
+            text = message.text
+            if not message.block and text.strip().startswith("/"):
+                if not talk.command(text.strip()):
+                    break
+            elif text.strip():
+                talk.take(text)
+    finally:
+        pool.close()
+        chat_repl._save_history(history)
+
+
+class _Talk:
+    """A routed chat's conversation, and how each turn is asked."""
+
+    def __init__(self, router: Router, pool, ask: Ask, system: str | None, verbose: bool,
+                 show_trace: bool) -> None:
+        self.router, self.pool, self.ask, self.system = router, pool, ask, system
+        self.verbose, self.show_trace = verbose, show_trace
+        self.messages: list[dict[str, str]] = []
+
+    def command(self, line: str) -> bool:
+        """A /command; False when it ends the chat. Media go to one model: not through a
+        router."""
+        from localinfer.cli import chat_input
+        command, *rest = line.split(None, 1)
+        if command in ("/exit", "/quit", "/bye"):
+            return False
+        if command in ("/help", "/?"):
+            console.note(chat_input.HELP)
+        elif command == "/clear":
+            self.messages.clear()
+            console.note("conversation cleared")
+        elif command == "/system":
+            self.system = rest[0].strip() if rest and rest[0].strip() else None
+            self.messages.clear()
+            console.note("system message set; conversation restarted" if self.system
+                         else "system message removed; conversation restarted")
+        elif command in ("/image", "/audio"):
+            console.error(f"{command} does not go through router {self.router.name}; chat "
+                          "with one of its models to send images or audio")
+        else:
+            console.note(f"unknown command {command}; /help lists the commands")
+        return True
+
+    def take(self, text: str) -> None:
+        """Answer `text`; the exchange joins the conversation as far as it went."""
+        from localinfer.cli import chat_input
+        from localinfer.cli.thinking import Output
+        from localinfer.engine.prompt import PromptText
+        from localinfer.fit.request import Request
+        from localinfer.routing import prepare
+        self.messages.append({"role": "user", "content": text})
+        prompt = PromptText(text, 0, self.system, False, self.ask.think.think,
+                            messages=tuple(self.messages))
+        try:
+            with chat_input.keys_held(sys.stdin):   # keys typed during the reply stay out of it
+                made = prepare(self.router, Request(prompt, self.ask.limits.max_tokens),
+                               self.ask, self.pool)
+                out = Output(made.style, show_trace=self.show_trace)
+                try:
+                    for piece in made:
+                        out.feed(piece)
+                except KeyboardInterrupt:           # Ctrl-C ends the reply, not the chat
+                    made.stats.finish_reason = "interrupted"
+                out.flush()
+        except LocalinferError as e:     # too long for the context, a refused option: this turn
+            self.messages.pop()
+            console.error(str(e) + ("; /clear starts a new conversation"
+                                    if "context" in str(e) else ""))
+            return
+        except KeyboardInterrupt:       # before the reply began: as if it was never asked
+            sys.stderr.write("\n")
+            self.messages.pop()
+            return
+        reply = self._close(made, out)
+        if made.stats.finish_reason == "interrupted" and not reply:
+            self.messages.pop()         # nothing came: no empty answer in the conversation
+            return
+        self.messages.append({"role": "assistant", "content": reply})
+
+    def _close(self, made, out) -> str:
+        """After a reply: the newline, what cut it, the prompt cache written, -v's lines."""
+        from localinfer.cache import prompt_cache
+        from localinfer.cli.chat import _cut_marker
+        from localinfer.engine.structured import incomplete
+        from localinfer.thinking.setup import no_answer
+        reply, finish, limits = out.answer.strip(), made.stats.finish_reason, self.ask.limits
+        n_ctx = made.loaded.session.n_ctx
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        unanswered = no_answer(out.still_thinking(), finish, limits.max_tokens, n_ctx)
+        cut = _cut_marker(finish, limits, n_ctx)
+        problem = incomplete(self.ask.output, reply, finish) if self.ask.output else None
+        for line in (unanswered, problem):
+            if line:
+                console.error(line)
+        if cut and not unanswered:
+            console.note(cut)
+        prompt_cache.persist(made.cache, notify=console.note if self.verbose else None)
+        if self.verbose and made.outcome.routed_to is not None:
+            console.note(made.describe())
+            console.note(shell.format_stats(made.stats, made.loaded))
+        return reply

@@ -67,6 +67,14 @@ class KVCache:
         self.tokens.append(token)
         return logits
 
+    def follow(self, earlier: KVCache) -> None:
+        """Take over what `earlier`, the last cache on this session, knew of its cells: the next
+        prefill keeps their common prefix, as one KVCache kept across a chat's turns does (a
+        routed chat makes a cache per turn, routing.Pool)."""
+        if earlier.session is self.session and not self.tokens:
+            self.tokens = list(earlier.tokens)
+            self._canonical, self.canonical_media = earlier._canonical, earlier.canonical_media
+
     def clear(self) -> None:
         self.tokens.clear()
         self._canonical = self.canonical_media = 0

@@ -226,6 +226,17 @@ class PromptText:
     raw: bool = False
     think: str | None = None      # --think: on, off or an effort; None: the template's default
     media: tuple = ()             # checked images and audio (localinfer.media.Media), in order
+    # A conversation ({"role", "content"} dicts, the system message apart) rendered in place of
+    # `text`'s one user turn: a chat routed turn by turn (cli/routed.chat, Model.chat)
+    messages: tuple = ()
+
+
+def turns(prompt: PromptText) -> list[dict[str, str]]:
+    """The messages the chat template renders for `prompt`."""
+    if prompt.messages:
+        return ([{"role": "system", "content": prompt.system}] if prompt.system else []) + \
+            [dict(m) for m in prompt.messages]
+    return messages_for(prompt.text, prompt.system)
 
 
 def is_long(prompt: PromptText) -> bool:
@@ -242,7 +253,7 @@ def prompt_tokens(vocab: Session, prompt: PromptText) -> list[int]:
     if uses_chat_template(vocab, prompt.raw):
         from localinfer.thinking import setup
         extra = setup.template_vars(vocab.chat_template, prompt.think)
-        tokens = chat_tokens(vocab, messages_for(prompt.text, prompt.system), extra)
+        tokens = chat_tokens(vocab, turns(prompt), extra)
         return tokens + setup.empty_trace_tokens(vocab, tokens, prompt.think)
     return raw_tokens(vocab, prompt.text)
 
@@ -259,7 +270,7 @@ def most_tokens(prompt: PromptText, template: str | None) -> int | None:
         from localinfer.engine import templates
         from localinfer.thinking import setup
         try:
-            text = templates.render(template, messages_for(prompt.text, prompt.system),
+            text = templates.render(template, turns(prompt),
                                     extra=setup.template_vars(template, prompt.think))
         except ModelLoadError:       # counted with the vocabulary instead, which says why
             return None

@@ -39,8 +39,9 @@ The interface other parts build on (serve, frontier):
     # run's and load()'s path: a Pool loads each model when the request reaches it (one at a
     # time when they do not fit the memory budget together) and prepare() gives a Generation-like
     # RoutedGeneration (iterate it; .loaded, .stats (as_dict carries the route), .outcome).
-    pool = routing.Pool(fit_options, reporter)
+    pool = routing.Pool(fit_options, reporter)     # keep_cells=True: chat turns (cli/routed)
     made = routing.prepare(router, fit_request, ask, pool)
+    # A conversation: PromptText(..., messages=(...)) renders it through each model's template.
 
 A confidence of nan (no token scored: an empty answer) never keeps the answer unless the
 threshold is -inf. Deciding costs one log-softmax per decided token (engine/logprobs.py); the

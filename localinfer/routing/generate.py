@@ -49,14 +49,19 @@ class RoutedStats(Stats):
 class Pool:
     """The router's models, loaded when the request first reaches each (pulled, fitted to the
     memory budget as `run` fits one) and kept while they fit the budget together; when the next
-    one does not fit beside them, they are freed first, and `report` says so once."""
+    one does not fit beside them, they are freed first, and `report` says so once. With
+    `keep_cells` (a chat: each request extends the last) a model's next request keeps the KV
+    cells its last one left that it shares, as `chat MODEL` does, rather than restoring them
+    from the prompt cache (which keeps only prompts of whole 64-token grains)."""
 
     def __init__(self, fit: FitOptions, report: Reporter = Reporter(), *, backend: str = "auto",
-                 threads: int = 0, engine_log: bool = False) -> None:
+                 threads: int = 0, engine_log: bool = False, keep_cells: bool = False) -> None:
         self.fit, self.report, self.backend = fit, report, backend
         self.threads, self.engine_log = threads, engine_log
         self.loaded: dict[str, LoadedModel] = {}
         self._said = False
+        self.keep_cells = keep_cells
+        self._cells: dict[str, object] = {}     # model -> the KVCache of its last request
 
     def prepare(self, model: str, request: Request, ask: Ask):
         """(the model loaded, its generation of the request), as `run` prepares them."""
@@ -68,6 +73,11 @@ class Pool:
                                         backend=self.backend, threads=self.threads,
                                         engine_log=self.engine_log, loaded=self.loaded.get(model))
         self.loaded[model] = loaded
+        cache = getattr(made, "cache", None)
+        if self.keep_cells and cache is not None:
+            if model in self._cells:
+                cache.follow(self._cells[model])    # a session loaded again: ignored there
+            self._cells[model] = cache
         return loaded, made
 
     def _make_room(self, model: str, named, request: Request) -> None:
@@ -94,6 +104,7 @@ class Pool:
             self.free(name)
 
     def free(self, model: str) -> None:
+        self._cells.pop(model, None)
         loaded = self.loaded.pop(model, None)
         if loaded is not None:
             loaded.session.close()

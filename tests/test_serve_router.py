@@ -37,6 +37,10 @@ threshold = inf
 [routers.keep]
 models = ["{SMALL}", "{LARGE}"]
 threshold = -inf
+[routers.margin]
+models = ["{SMALL}", "{LARGE}"]
+measure = "margin"
+threshold = -inf
 [routers.mid]
 models = ["{SMALL}", "{LARGE}"]
 tokens = 4
@@ -128,6 +132,22 @@ def test_a_cascade_answers_as_its_chosen_model_and_shows_nothing_passed_on(serve
         assert usage["routing"]["route"][-1]["model"] == header
         chosen.add(header)
     assert chosen == {small, large}
+
+
+def test_a_margin_cascade_shows_only_the_alternatives_asked_for(server):
+    """The margin measure scores two alternatives a token; the client sees as many as it asked."""
+    url = server[0]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    for top in (0, 1):
+        reply = client.chat.completions.create(
+            model="margin", messages=[{"role": "user", "content": "Name a colour."}],
+            temperature=0, max_tokens=8, logprobs=True, top_logprobs=top)
+        content = reply.choices[0].logprobs.content
+        assert content and {len(t.top_logprobs) for t in content} == {top}
+    plain = client.chat.completions.create(
+        model="margin", messages=[{"role": "user", "content": "Name a colour."}],
+        temperature=0, max_tokens=8)
+    assert plain.choices[0].logprobs is None
 
 
 def test_a_rule_router_routes_by_priority_in_every_api(server):

@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import json
 import math
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
@@ -128,6 +129,8 @@ class Gate:
         self.confidence: float | None = None
         self.gone = False               # the client left while the answer was held
         self._held: list[str] = []
+        self._asked: int | None = None  # the client's own top count (None: no logprobs asked)
+        self._shown = 0                 # the scored tokens cut to it so far (`_as_asked`)
         self._decision: asyncio.Future | None = None
 
     def refusal(self, answers: int) -> str | None:
@@ -146,12 +149,14 @@ class Gate:
                 self.said["route"].append({"model": self.member, "confidence": None,
                                            "accepted": True})
             return on_text, on_done
+        self._asked = job.limits.logprobs
         job.limits = routing.scoring(job.limits, self.policy)
         loop = asyncio.get_running_loop()
         self._decision = loop.create_future()
 
         def text(piece: str) -> None:           # the scheduler's thread, as `done`
             if self.kept:
+                self._as_asked(job)
                 on_text(piece)
             elif self.kept is None:
                 self._held.append(piece)
@@ -176,12 +181,22 @@ class Gate:
         self.said["route"].append({"model": self.member, "accepted": self.kept,
                                    "confidence": self.confidence if finite else None})
         if self.kept:
+            self._as_asked(job)
             for piece in self._held:
                 on_text(piece)
         else:
             job.cancelled = True        # freed before the scheduler's next step
         self._held = []
         loop.call_soon_threadsafe(_settle, self._decision, self.kept)
+
+    def _as_asked(self, job) -> None:
+        """The scored tokens' alternatives cut to what the client asked for: the measure may
+        have needed more (margin: the runner-up), and they are read only once decided."""
+        if self._asked is None or self._asked >= self.policy.top:
+            return
+        for i in range(self._shown, len(job.logprobs)):
+            job.logprobs[i] = replace(job.logprobs[i], top=job.logprobs[i].top[:self._asked])
+        self._shown = len(job.logprobs)
 
     async def decided(self, request, job) -> bool:
         """Whether the answer stands (at once without a policy); a client that leaves meanwhile

@@ -260,5 +260,6 @@ class _Talk:
         prompt_cache.persist(made.cache, notify=console.note if self.verbose else None)
         if self.verbose and made.outcome.routed_to is not None:
             console.note(made.describe())
-            console.note(shell.format_stats(made.stats, made.loaded))
+            for line in shell.format_stats(made.stats, made.loaded).splitlines():
+                console.note(line)      # one note a line: a note escapes its line breaks
         return reply

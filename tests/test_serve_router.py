@@ -150,6 +150,19 @@ def test_a_margin_cascade_shows_only_the_alternatives_asked_for(server):
     assert plain.choices[0].logprobs is None
 
 
+def test_token_counts_on_a_router_are_its_first_models(server):
+    """Claude Code and Codex count before they send: a router's count is its first model's."""
+    url, small, _ = server
+    ask = [{"role": "user", "content": "Count these words, please."}]
+    counted = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.count_tokens
+    assert counted(model="pick", messages=ask).input_tokens \
+        == counted(model=small, messages=ask).input_tokens > 0
+    tokens = [httpx.post(url + "/v1/responses/input_tokens", json={"model": name, "input": "Hi"},
+                         timeout=60) for name in ("keep", small)]
+    assert [t.status_code for t in tokens] == [200, 200], tokens[0].text
+    assert tokens[0].json()["input_tokens"] == tokens[1].json()["input_tokens"] > 0
+
+
 def test_a_rule_router_routes_by_priority_in_every_api(server):
     url, small, large = server
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")

@@ -52,7 +52,8 @@ def routes(served) -> list[Route]:
 
     async def count_tokens(request: Request):
         try:
-            body, seen = await _opened(served, request)
+            body, _ = await _opened(served, request, view=False)
+            seen = await routers.counting_view(served, body)
         except BadRequest as e:
             return _refused(e)
         try:

@@ -60,7 +60,8 @@ def routes(served) -> list[Route]:
 
     async def input_tokens(request: Request):
         try:
-            body, seen = await _opened(served, request, job=False)
+            body, _ = await _opened(served, request, view=False)
+            seen = await routers.counting_view(served, body, tag=LATEST)
         except BadRequest as e:
             return e.response()
         try:

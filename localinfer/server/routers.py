@@ -50,6 +50,20 @@ def find(served, name: object) -> Router | None:
     return found.get(name.strip().lower().removesuffix(":latest"))
 
 
+async def counting_view(served, body: dict, *, tag: str = ""):
+    """The server as a token count sees the request (no job): a router's count is its first
+    model's, the one a cascade asks first (a rule router's first model, through any router it
+    names), as clients such as Claude Code count before they send."""
+    router, name = find(served, body.get("model")), None
+    while router is not None:               # config.py refused cycles
+        name = router.models[0]
+        router = find(served, name)
+    if name is None:
+        return await hosting.open_view(served, body, tag=tag, job=False)
+    lease = await served.models.lease(name, body.get("keep_alive"), trusted=True)
+    return hosting.view(served, lease, body["model"])
+
+
 async def answer(served, request, body: dict, attempt: Attempt, refuse, *, tag: str = ""):
     """The reply to `body`: the API's own `attempt` on the model it names, or on the model its
     router chooses. `refuse(BadRequest)` is the API's error reply."""

@@ -135,10 +135,12 @@ def test_a_routed_chat_answers_each_turn_as_the_answering_models_own_chat(models
                                                                           monkeypatch):
     """Each turn goes through the cascade with the whole conversation; every turn of `up` is
     the large model's, byte for byte as `chat LARGE` gives it, and nothing of the small model's
-    held first tokens shows. The prompt cache restores the first turn for the second."""
+    held first tokens shows. The second turn keeps the KV cells of the first."""
     large = str(models["large"])
-    own = run_cli("chat", large, *CHAT_GREEDY, home=home, input=CHAT)
-    routed = run_cli("chat", "up", *CHAT_GREEDY, "-v", home=home, input=CHAT)
+    own = run_cli("chat", large, *CHAT_GREEDY, "-v", home=home, input=CHAT + "/help\n")
+    routed = run_cli("chat", "up", *CHAT_GREEDY, "-v", home=home, input=CHAT + "/help\n")
+    for said in (own.stderr, routed.stderr):    # -v's figures and /help: a line each
+        assert "\nprompt: " in said and "\n  /clear " in said and "\\n" not in said, said
     assert own.returncode == 0 and routed.returncode == 0, own.stderr + routed.stderr
     assert len(own.stdout.splitlines()) >= 2 and routed.stdout == own.stdout
     assert routed.stderr.count(f"router up: answered by {large}") == 2

@@ -187,7 +187,8 @@ class _Talk:
         if command in ("/exit", "/quit", "/bye"):
             return False
         if command in ("/help", "/?"):
-            console.note(chat_input.HELP)
+            for line in chat_input.HELP.splitlines():
+                console.note(line)
         elif command == "/clear":
             self.messages.clear()
             console.note("conversation cleared")

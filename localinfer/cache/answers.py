@@ -191,14 +191,19 @@ class AnswerStore:
         return path
 
     def _refuse(self, path: Path, why: str) -> None:
-        if path == self.dir:
-            try:
-                os.unlink(path)             # the link itself, never its target
-            except OSError:
-                pass
-        else:
-            paths.remove(self.root, path)
+        drop(self.root, self.dir, path)
         self.notify(f"answer store: dropped entry {path.stem[:12]} ({why}); it is not replayed")
+
+
+def drop(root: Path, folder: Path, path: Path) -> None:
+    """A refused entry (or `folder` itself, when it is a link) removed from the store."""
+    if path == folder:
+        try:
+            os.unlink(path)             # the link itself, never its target
+        except OSError:
+            pass
+    else:
+        paths.remove(root, path)
 
 
 def parse(body: bytes, tokens: Sequence[int], n_vocab: int) -> Answer:

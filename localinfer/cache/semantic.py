@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.cache import entry, paths, prompt_cache
+from localinfer.cache import answers, entry, paths, prompt_cache
 from localinfer.cache.entry import CorruptEntry
 
 FORMAT = 1
@@ -156,13 +156,7 @@ class SemanticIndex:
         return None
 
     def _refuse(self, path: Path, why: str) -> None:
-        if path == self.dir:
-            try:
-                os.unlink(path)             # the link itself, never its target
-            except OSError:
-                pass
-        else:
-            paths.remove(self.root, path)
+        answers.drop(self.root, self.dir, path)
         self.notify(f"answer store: dropped index entry {path.stem[:12]} ({why}); "
                     "it is not matched")
 

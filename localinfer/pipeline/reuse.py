@@ -229,7 +229,7 @@ class MapReuse:
             self.from_store += 1
             self._remember(key, answer)
         if answer is not None:
-            _fill(job, answer)
+            fill_job(job, answer)
             done(job)
             return True
         self.waiting[key], self.leading[job.index] = [], key
@@ -271,8 +271,9 @@ class MapReuse:
                 f"of an identical earlier line{stored}")
 
 
-def _fill(job, answer: Answer) -> None:
-    """A map job answered from an earlier line's (or the store's) answer."""
+def fill_job(job, answer: Answer) -> None:
+    """A job (map's, serve's) filled from a stored answer as the scheduler fills one it decoded,
+    marked `reused`."""
     job.text, job.tokens = answer.text, list(answer.tokens)
     job.logprobs = [TokenLogprob(t, lp, top) for t, lp, top in answer.logprobs or ()]
     job.stats = Stats(prompt_tokens=len(job.prompt), generated_tokens=len(answer.tokens),

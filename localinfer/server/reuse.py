@@ -30,9 +30,8 @@ from typing import Callable
 
 from localinfer.cache import answers
 from localinfer.cache.answers import Answer, AnswerStore
-from localinfer.engine.decode import Stats
-from localinfer.engine.logprobs import TokenLogprob
 from localinfer.engine.sampling import SamplingParams
+from localinfer.pipeline.reuse import fill_job
 
 HEADER = "X-Localinfer-Reused"          # "1" on a reply every answer of which was replayed
 SAVE_WAIT_SECONDS = 10.0                # the longest a lookup waits for its key's save
@@ -135,12 +134,7 @@ def _slot(seen, store: AnswerStore, prepared) -> Slot | None:
 def replayed(job, answer: Answer) -> tuple[str, ...]:
     """`job` filled from the stored answer as the scheduler fills a job it decoded (marked
     `reused`); the text pieces, in the order and sizes they streamed when it was decoded."""
-    job.text, job.tokens = answer.text, list(answer.tokens)
-    job.logprobs = [TokenLogprob(t, lp, top) for t, lp, top in answer.logprobs or ()]
-    job.stats = Stats(prompt_tokens=len(job.prompt), generated_tokens=len(answer.tokens),
-                      finish_reason=answer.finish_reason, stop_string=answer.stop_string,
-                      closed_at=answer.closed_at)
-    job.reused = True
+    fill_job(job, answer)
     return answer.pieces
 
 

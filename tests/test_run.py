@@ -83,6 +83,10 @@ def test_verbose_reports_every_figure(models_home):
     result = run_cli("run", GEMMA, "Once upon a time", *GREEDY, "-n", "8", "-v")
     for word in ("load", "prompt", "ttft", "prefill", "decode", "tokens"):
         assert word in result.stderr
+    # One figure a line, as Ollama's --verbose prints them (not one line of escaped breaks).
+    lines = result.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines[:4]] == ["model", "load", "prompt", "reply"]
+    assert "\\n" not in result.stderr
     # -v is our figures, not the engine's loader log: that is -vv's (or --debug's).
     assert "print_info" not in result.stderr and len(result.stderr.splitlines()) < 15
     engine = run_cli("run", GEMMA, "Once upon a time", *GREEDY, "-n", "8", "-vv")

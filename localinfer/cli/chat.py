@@ -139,8 +139,7 @@ def _command(chat: _Chat, line: str) -> bool:
     if command in ("/exit", "/quit", "/bye"):
         return False
     if command in ("/help", "/?"):
-        for line in chat_input.HELP.splitlines():
-            console.note(line)      # one note a line: a note escapes its line breaks
+        console.notes(chat_input.HELP)
     elif command == "/clear":
         chat.messages.clear()
         chat.cache.clear()
@@ -346,8 +345,7 @@ def _reply(cache: KVCache, tokens: list[int], sampler: Sampler, limits: Limits,
         prompt_cache.persist(cache, notify=console.note if verbose else None)
         if verbose:
             from localinfer.cli.shell import format_stats
-            for line in format_stats(generation.stats, loaded).splitlines():
-                console.note(line)
+            console.notes(format_stats(generation.stats, loaded))
             if cache.store is not None:
                 console.note(prompt_cache.describe(cache.last_event))
     except KeyboardInterrupt:   # a second Ctrl-C skips the cache write (atomic) and the figures

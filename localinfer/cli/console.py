@@ -89,6 +89,13 @@ def note(message: str) -> None:
     _say(message, "dim")
 
 
+def notes(block: str) -> None:
+    """Each line of a block of our own (the -v figures, chat's /help) a note of its own: a note
+    escapes the line breaks of text from outside."""
+    for line in block.splitlines():
+        note(line)
+
+
 def warn(message: str) -> None:
     _say(f"localinfer: warning: {message}", "yellow")
 

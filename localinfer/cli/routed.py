@@ -187,8 +187,7 @@ class _Talk:
         if command in ("/exit", "/quit", "/bye"):
             return False
         if command in ("/help", "/?"):
-            for line in chat_input.HELP.splitlines():
-                console.note(line)
+            console.notes(chat_input.HELP)
         elif command == "/clear":
             self.messages.clear()
             console.note("conversation cleared")
@@ -261,6 +260,5 @@ class _Talk:
         prompt_cache.persist(made.cache, notify=console.note if self.verbose else None)
         if self.verbose and made.outcome.routed_to is not None:
             console.note(made.describe())
-            for line in shell.format_stats(made.stats, made.loaded).splitlines():
-                console.note(line)      # one note a line: a note escapes its line breaks
+            console.notes(shell.format_stats(made.stats, made.loaded))
         return reply

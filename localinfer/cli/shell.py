@@ -302,7 +302,7 @@ def _finish(generation: Generation, loaded: LoadedModel, out, *,
     sys.stdout.flush()
     if verbose:
         from localinfer.cache import prompt_cache
-        console.note(format_stats(stats, loaded))
+        console.notes(format_stats(stats, loaded))
         from localinfer.pipeline.reuse import describe
         if (reused := describe(generation)) is not None:
             console.note(reused)

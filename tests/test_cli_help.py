@@ -46,8 +46,12 @@ def test_shell_completion_completes_commands_and_options():
     assert run_cli(env=env).stdout.split() == ["run"]
     env.update(COMP_WORDS="localinfer chat smollm2 --top", COMP_CWORD="3")
     assert run_cli(env=env).stdout.split() == ["--top-k", "--top-p"]
-    script = run_cli("--show-completion", "bash")
-    assert script.returncode == 0 and "_LOCALINFER_COMPLETE" in script.stdout
+    # --show-completion finds the shell among its parents (as from a user's terminal); a test
+    # worker's may hold none, so the command runs under a bash that stays its parent (a bash
+    # given one command would exec it in its own place).
+    script = subprocess.run(["bash", "-c", '"$0" -m localinfer --show-completion; exit $?',
+                             sys.executable], capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0 and "_LOCALINFER_COMPLETE" in script.stdout, script.stderr
 
 
 def test_run_help_on_a_terminal_groups_options_and_shows_examples():

@@ -136,18 +136,26 @@ def _next_message(prompts: bool) -> chat_input.Message | None:
 def _command(chat: _Chat, line: str) -> bool:
     """Obey a /command; False when it ends the chat."""
     command, *rest = line.split(None, 1)
+    if command == "/clear":
+        chat.cache.clear()
+    elif command in ("/image", "/audio"):
+        _attach(chat, command[1:], rest[0].strip() if rest else "")
+        return True
+    return obey(chat, command, rest[0] if rest else "")
+
+
+def obey(chat, command: str, rest: str) -> bool:
+    """The commands every chat (one model's, a router's) obeys the same way, on its `messages`
+    and `system`; False when the command ends the chat."""
     if command in ("/exit", "/quit", "/bye"):
         return False
     if command in ("/help", "/?"):
         console.notes(chat_input.HELP)
     elif command == "/clear":
         chat.messages.clear()
-        chat.cache.clear()
         console.note("conversation cleared")
-    elif command in ("/image", "/audio"):
-        _attach(chat, command[1:], rest[0].strip() if rest else "")
     elif command == "/system":
-        chat.system = rest[0].strip() if rest and rest[0].strip() else None
+        chat.system = rest.strip() or None
         chat.messages.clear()
         console.note("system message set; conversation restarted" if chat.system
                      else "system message removed; conversation restarted")

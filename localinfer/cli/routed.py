@@ -182,26 +182,13 @@ class _Talk:
     def command(self, line: str) -> bool:
         """A /command; False when it ends the chat. Media go to one model: not through a
         router."""
-        from localinfer.cli import chat_input
+        from localinfer.cli.chat import obey
         command, *rest = line.split(None, 1)
-        if command in ("/exit", "/quit", "/bye"):
-            return False
-        if command in ("/help", "/?"):
-            console.notes(chat_input.HELP)
-        elif command == "/clear":
-            self.messages.clear()
-            console.note("conversation cleared")
-        elif command == "/system":
-            self.system = rest[0].strip() if rest and rest[0].strip() else None
-            self.messages.clear()
-            console.note("system message set; conversation restarted" if self.system
-                         else "system message removed; conversation restarted")
-        elif command in ("/image", "/audio"):
+        if command in ("/image", "/audio"):
             console.error(f"{command} does not go through router {self.router.name}; chat "
                           "with one of its models to send images or audio")
-        else:
-            console.note(f"unknown command {command}; /help lists the commands")
-        return True
+            return True
+        return obey(self, command, rest[0] if rest else "")
 
     def take(self, text: str) -> None:
         """Answer `text`; the exchange joins the conversation as far as it went."""

@@ -70,11 +70,13 @@ def attach(session, path: Path, *, verbose: bool = False) -> Projector:
 def capabilities(path: Path) -> tuple[bool, bool]:
     """(vision, audio) of a projector file, read from its header without loading it."""
     from localinfer.errors import LocalinferError as Bad
-    from localinfer.gguf.header import read_header
+    from localinfer.gguf.header import CorruptFile, check_tensors, read_header
     try:
-        meta = read_header(path).metadata
-    except (OSError, Bad) as e:
+        header = read_header(path)         # truncated, overlapping or unknown tensors: refused
+        check_tensors(header)              # a zero dimension, which ggml asserts on
+    except (OSError, Bad, CorruptFile) as e:
         raise UsageError(f"cannot read the projector {path}: {e}") from None
+    meta = header.metadata
     if str(meta.get("general.architecture", "")) != "clip":
         raise UsageError(f"{path.name} is not a multimodal projector (mmproj) file")
     return bool(meta.get("clip.has_vision_encoder")), bool(meta.get("clip.has_audio_encoder"))
@@ -85,6 +87,9 @@ class Projector:
 
     def __init__(self, session, path: Path, *, verbose: bool = False) -> None:
         self.vision, self.audio = capabilities(path)    # a clear refusal before libmtmd reads it
+        # Tensors whose shapes libmtmd never compares abort it: tried in a child first, once.
+        from localinfer.backends.llama.projector_check import check
+        check(session._path, path, gpu=session.offload.gpu_layers > 0, threads=session.n_threads)
         lib, log = bindings(), init_engine(verbose)
         # libmtmd logs through a callback of its own: into the engine's router, like libllama's.
         lib.mtmd_log_set(log._callback, None)

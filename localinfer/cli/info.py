@@ -24,7 +24,7 @@ def describe(ref: ModelRef, store: Store) -> dict:
                      quants=list(spec.variants),
                      sizes={q: v.size for q, v in spec.variants.items()})
         if path is None:
-            facts.update(on_disk=False)
+            facts.update(on_disk=False, **_planned_projector(spec))
             return facts
     elif ref.spec is not None:
         spec = ref.spec
@@ -32,13 +32,39 @@ def describe(ref: ModelRef, store: Store) -> dict:
                      license=spec.license, quants=list(spec.variants), draft=spec.draft or None)
     if path is None:
         facts.update(on_disk=False, architecture=ref.spec.architecture,
-                     parameters=ref.spec.parameters, context_length=ref.spec.context_length)
+                     parameters=ref.spec.parameters, context_length=ref.spec.context_length,
+                     **_planned_projector(ref.spec))
         return facts
     facts.update(on_disk=True, path=str(path))
     facts.update(_from_header(path))
     facts["memory"] = memory_table(path)
+    facts.update(_projector_here(path) or _planned_projector(ref.spec))
     facts["placement"] = placement_here(path)
     return facts
+
+
+def _projector_here(path) -> dict:
+    """The projector beside the model file, what libmtmd reads of it (the whole file) and its
+    encoder's compute for one image or clip: what `run --image` adds to the memory above."""
+    from localinfer.fit.projector import projector_bytes
+    from localinfer.models.projector import beside
+    found = beside(path)
+    if found is None:
+        return {}
+    from localinfer.errors import LocalinferError
+    size = found.stat().st_size
+    try:
+        compute = projector_bytes(found) - size
+    except LocalinferError:         # not a readable projector: `run --image` says so
+        compute = None
+    return {"projector": str(found), "projector_size": size, "projector_compute": compute}
+
+
+def _planned_projector(spec) -> dict:
+    """A model not on disk: its projector's recorded or listed size (no Hub is asked here)."""
+    if spec is None or spec.projector is None:
+        return {}
+    return {"projector_size": spec.projector.size}
 
 
 def placement_here(path) -> str | None:
@@ -125,7 +151,7 @@ def show(facts: dict, *, as_json: bool) -> None:
         if key == "tensor_types":
             total = sum(v["bytes"] for v in value.values()) or 1
             value = ", ".join(f"{k} {v['bytes'] / total:.0%} ({v['tensors']})" for k, v in value.items())
-        elif key in ("file_size", "expert_tensor_bytes"):
+        elif key in ("file_size", "expert_tensor_bytes", "projector_size", "projector_compute"):
             value = human_size(value)
         elif key == "sizes":
             value = ", ".join(f"{q} {human_size(n)}" for q, n in value.items())

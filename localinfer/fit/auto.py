@@ -14,7 +14,7 @@ from localinfer import settings
 from localinfer.backends import context_length
 from localinfer.errors import DoesNotFit, LocalinferError, UsageError
 from localinfer.fit import memory, rules
-from localinfer.fit.projector import projector_bytes
+from localinfer.fit.projector import planned_bytes, projector_bytes
 from localinfer.fit.options import FitOptions, Notify, QuantizeBar, Reporter
 from localinfer.models import refs
 from localinfer.units import parse_size
@@ -83,8 +83,9 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
     check_kv_type(fit.kv_type)
     store = refs.model_store()
     ref = named.ref
+    mmproj = getattr(fit, "mmproj", "")
     fitting = Fitting(*machine_and_budget(fit.memory), n_ctx, fit.kv_type, fit.gpu_layers,
-                      min_ctx, fit.cpu_moe, _projector(getattr(fit, "mmproj", ""), ref, store))
+                      min_ctx, fit.cpu_moe, _projector(mmproj, ref, store, remote=not fit.offline))
     if named.chosen:
         path = ref.path or store.find(ref.spec.name, ref.quant)
         if path is None:          # to be pulled: nothing to measure yet
@@ -100,6 +101,8 @@ def resolve(named: refs.Named, fit: FitOptions, report: Reporter = Reporter(), *
             ref = _first_from_hub(ref, store, fitting)
         refs.locate(ref, store, offline=fit.offline, progress=report.progress,
                     notify=report.notify, download_bar=report.download_bar)
+        # The projector came with it: its own header now, not the size it was planned by.
+        fitting = replace(fitting, projector=_projector(mmproj, ref, store, remote=False))
     return _best_variant(ref.spec, store, fitting, notify=report.notify,
                          quantize_bar=report.quantize_bar, quantize=fit.quantize_to_fit,
                          pullable=not fit.offline)
@@ -188,19 +191,27 @@ def machine_and_budget(memory_budget: str | None) -> tuple[rules.Machine, rules.
     return machine, rules.budget(machine)
 
 
-def _projector(mmproj: str, ref: refs.ModelRef, store) -> int:
+def _projector(mmproj: str, ref: refs.ModelRef, store, *, remote: bool = False) -> int:
     """Bytes the projector to be loaded adds: --mmproj's file, or (a mode that finds it at load,
-    engine/media.py) the one beside the model's file or in the store beside its quants, when it
-    is on disk already."""
+    engine/media.py) the one beside the model's file or in the store beside its quants; a
+    catalogue or Hub model's not pulled yet by its recorded or listed size (and, `remote`, its
+    encoder's compute from its header on the Hub), so the quant an hf: model's auto-fit pulls
+    is one that fits beside it."""
     if not mmproj:
         return 0
-    if not Path(mmproj).is_file():
+    if Path(mmproj).is_file():
+        return projector_bytes(mmproj)
+    if ref.path is not None:
         from localinfer.models.projector import beside
-        from localinfer.models.store import PROJECTOR
-        found = beside(ref.path) if ref.path is not None else \
-            store.path_for(ref.spec.name, PROJECTOR) if ref.spec is not None else None
-        return projector_bytes(found) if found is not None and found.is_file() else 0
-    return projector_bytes(mmproj)
+        found = beside(ref.path)
+        return projector_bytes(found) if found is not None else 0
+    if ref.spec is None:
+        return 0
+    from localinfer.models.store import PROJECTOR
+    found = store.path_for(ref.spec.name, PROJECTOR)
+    if found.is_file():
+        return projector_bytes(found)
+    return planned_bytes(ref.spec.projector, remote=remote)
 
 
 def _fixed(ref: refs.ModelRef, facts: memory.ModelFacts, fitting: Fitting,

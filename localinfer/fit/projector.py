@@ -31,7 +31,32 @@ def projector_bytes(path: str | Path | None) -> int:
         size = path.stat().st_size
     except OSError as e:
         raise UsageError(f"cannot read the projector {path}: {e.strerror or e}") from None
-    return size + max(_compute(meta, "vision"), _compute(meta, "audio"))
+    return size + encoder_compute(meta)
+
+
+def planned_bytes(variant, *, remote: bool) -> int:
+    """Bytes a catalogue or Hub model's projector (`variant`: catalogue.Variant) will add once
+    pulled: its recorded or listed size and, with `remote`, its encoder's compute from its header
+    read from the Hub (the file's first bytes; its tensors give the size where none is recorded).
+    Without that header only a known size is counted (the compute once the file is on disk)."""
+    if variant is None:
+        return 0
+    size = variant.size or 0
+    if remote and variant.sources:
+        from localinfer.errors import LocalinferError
+        from localinfer.models import hub
+        try:
+            header = hub.remote_file_header(variant.sources[0], variant.size)
+        except LocalinferError:         # unreachable, or not a Hub file (a pip wheel)
+            return size
+        return (size or header.header_size + sum(t.n_bytes for t in header.tensors)) + \
+            encoder_compute(header.metadata)
+    return size
+
+
+def encoder_compute(meta: dict) -> int:
+    """The encoder's compute for one image or one audio window, from a projector's header."""
+    return max(_compute(meta, "vision"), _compute(meta, "audio"))
 
 
 def _compute(meta: dict, kind: str) -> int:

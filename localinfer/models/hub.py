@@ -176,9 +176,23 @@ def remote_header(spec: ModelSpec, quant: str) -> tuple[Header, int]:
     range requests of growing length (a few MB) instead of the download: what auto-fit needs to
     choose a quant before pulling any. Checked as a file on disk would be (gguf/checks.py)."""
     from localinfer.gguf.checks import check_hparams
-    from localinfer.gguf.header import check_tensors
     source = spec.variants[quant].sources[0]
     size = source.parts[0].size if source.parts else spec.variants[quant].size
+    header = remote_file_header(source, size)
+    try:
+        check_hparams(header.metadata)
+    except CorruptFile as e:
+        raise ModelLoadError(f"{source.file}: {e}") from None
+    return header, size
+
+
+def remote_file_header(source: HubSource, size: int | None) -> Header:
+    """The GGUF header of the Hub file `source` of `size` bytes (a model's or a projector's;
+    None: not known, the tensors then say), its tensors checked, from its first bytes (a few MB)."""
+    from localinfer.gguf.header import check_tensors
+    if not isinstance(source, HubSource):
+        raise LocalinferError(f"{source.describe()} is not a file on the Hub")
+    size = size or MAX_FILE_SIZE
     n = 2 << 20
     while True:
         header = parse_start(_first_bytes(source, min(n, size)), size, source.file)
@@ -188,11 +202,10 @@ def remote_header(spec: ModelSpec, quant: str) -> tuple[Header, int]:
             raise ModelLoadError(f"{source.file}: no GGUF header in its first {n >> 20} MB")
         n *= 4
     try:
-        check_hparams(header.metadata)
         check_tensors(header)
     except CorruptFile as e:
         raise ModelLoadError(f"{source.file}: {e}") from None
-    return header, size
+    return header
 
 
 def _first_bytes(source: HubSource, n: int) -> bytes:

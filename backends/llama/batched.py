@@ -70,6 +70,35 @@ class SequenceBatch:
             rows.append(self._row(end - 1) if piece.logits else None)
         return rows
 
+    def decode_embd(self, seq: int, pos: int, embd: np.ndarray, *, causal: bool = True) -> None:
+        """A medium's rows of input embeddings into `seq` from `pos`, in llama_decodes of their
+        own (n_batch rows each, no logits), as `run` decodes them (mtmd.decode_embeddings)."""
+        lib, ctx = engine(), self.session._ctx
+        n, width = embd.shape
+        step = self.n_batch
+        batch = lib.llama_batch_init(min(step, n), width, 1)
+        try:
+            if not causal:          # the whole decode holds this medium's rows alone
+                lib.llama_set_causal_attn(ctx, False)
+            for start in range(0, n, step):
+                rows = np.ascontiguousarray(embd[start:start + step], np.float32)
+                count = len(rows)
+                ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+                for i in range(count):
+                    batch.pos[i], batch.n_seq_id[i] = pos + start + i, 1
+                    batch.seq_id[i][0], batch.logits[i] = seq, False
+                batch.n_tokens = count
+                self.session.steer_rows(count)
+                rc = lib.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise LocalinferError(f"llama_decode failed with code {rc} on a medium"
+                                          + (" (the context is full)" if rc == 1 else ""))
+        finally:
+            if not causal:
+                lib.llama_set_causal_attn(ctx, True)
+            lib.llama_batch_free(batch)
+            self.session._row0_view = None
+
     def _row(self, i: int) -> np.ndarray:
         ptr = engine().llama_get_logits_ith(self.session._ctx, i)   # after the batch's i-th token
         addr = ctypes.cast(ptr, ctypes.c_void_p).value

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class Item:
     chunk: int            # an owned mtmd_input_chunk copy
     key: str              # the hash the ids come from
     medium: str = ""      # the image or clip it is part of (an image's tiles share it)
+    used: float = 0.0     # when a prompt last named it (monotonic): serve keeps recent ones
 
 
 def attach(session, path: Path, *, verbose: bool = False) -> Projector:
@@ -86,6 +88,10 @@ class Projector:
     """libmtmd's context for one session's model and the media it has tokenized."""
 
     def __init__(self, session, path: Path, *, verbose: bool = False) -> None:
+        # serve tokenizes in its request threads while its scheduler encodes and forgets: one
+        # of them at a time touches libmtmd's context and the media registered here.
+        self._lock = threading.RLock()
+        self._items: dict[int, Item] = {}
         self.vision, self.audio = capabilities(path)    # a clear refusal before libmtmd reads it
         # Tensors whose shapes libmtmd never compares abort it: tried in a child first, once.
         from localinfer.backends.llama.projector_check import check
@@ -113,7 +119,6 @@ class Projector:
         self._identity = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
         self.n_vocab = session.n_vocab
         self.n_embd = engine().llama_model_n_embd_inp(session._model)
-        self._items: dict[int, Item] = {}
         self._embd: OrderedDict[str, np.ndarray] = OrderedDict()
         self._embd_bytes = 0
         self.encode_s = 0.0          # time spent encoding media, for the stats
@@ -123,6 +128,10 @@ class Projector:
     def tokenize(self, parts: Sequence[Part], *, add_special: bool = False) -> list[int]:
         """The prompt's tokens: each (text, special) part tokenized as llama-mtmd-cli does,
         each medium decoded by libmtmd (stb_image, miniaudio) and replaced by its placeholders."""
+        with self._lock:
+            return self._tokenize(parts, add_special)
+
+    def _tokenize(self, parts: Sequence[Part], add_special: bool) -> list[int]:
         lib = bindings()
         texts, bitmaps, pointers = [], [], []
         try:
@@ -209,22 +218,30 @@ class Projector:
         base = self.n_vocab + int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) % (
             _ID_SPACE - n)
         known = self._items.get(base)
-        if known is None:
+        if known is not None:
+            known.used = time.monotonic()
+        else:
             for other in self._items.values():     # ranges must not overlap (2**30 ids: rare)
                 if other.base < base + n and base < other.base + other.n:
                     raise LocalinferError("two media in this conversation hash to overlapping "
                                           "placeholders; start a new one")
             self._items[base] = Item(base, n, kind, lib.mtmd_input_chunk_copy(chunk), key,
-                                     medium)
+                                     medium, time.monotonic())
         return range(base, base + n)
 
     # -- evaluation --------------------------------------------------------------------------
     def is_placeholder(self, token: int) -> bool:
         return token >= self.n_vocab
 
+    def item(self, base: int) -> Item | None:
+        """The medium whose placeholders start at id `base`, if one is known."""
+        with self._lock:
+            return self._items.get(base)
+
     def item_at(self, tokens: Sequence[int], i: int) -> Item:
         """The medium whose placeholders start at tokens[i] (all of them must be there)."""
-        item = self._items.get(tokens[i])
+        with self._lock:
+            item = self._items.get(tokens[i])
         if item is None or list(tokens[i:i + item.n]) != list(range(item.base, item.base + item.n)):
             raise UsageError("the prompt holds a medium's placeholders out of order; media come "
                              "only from --image/--audio or the APIs' media parts")
@@ -233,14 +250,25 @@ class Projector:
     def evaluate(self, session, item: Item, later: Sequence[Item] = ()) -> None:
         """Decode `item`'s embeddings into the session's KV cache at its n_past; `later`, the
         media that follow it with no text between, are encoded in the same batch when new."""
-        embd = self._embd.get(item.key)
-        if embd is None:
-            self._encode([item, *[m for m in later if m.key not in self._embd]])
-            embd = self._embd[item.key]
-        else:
-            self._embd.move_to_end(item.key)
-        decode_embeddings(session, embd, causal=not bindings().mtmd_decode_use_non_causal(
-            self._ctx, item.chunk))
+        decode_embeddings(session, self.embeddings(item, later), causal=self.causal(item))
+
+    def embeddings(self, item: Item, later: Sequence[Item] = ()) -> np.ndarray:
+        """`item`'s embeddings (n rows of the model's input width), encoded unless kept; `later`
+        as for `evaluate`."""
+        with self._lock:
+            embd = self._embd.get(item.key)
+            if embd is None:
+                self._encode([item, *[m for m in later if m.key not in self._embd]])
+                embd = self._embd[item.key]
+            else:
+                self._embd.move_to_end(item.key)
+            return embd
+
+    def causal(self, item: Item) -> bool:
+        """False where the model attends over a medium both ways (Gemma 3's images): its
+        decode then runs with causal attention off, as libmtmd's helper decodes it."""
+        with self._lock:
+            return not bindings().mtmd_decode_use_non_causal(self._ctx, item.chunk)
 
     def _encode(self, items: list[Item]) -> None:
         lib = bindings()
@@ -274,14 +302,22 @@ class Projector:
             _, old = self._embd.popitem(last=False)
             self._embd_bytes -= old.nbytes
 
-    def forget(self, keep: Sequence[int]) -> None:
-        """Free the media whose placeholders are not in `keep` (the session's tokens)."""
-        held = set(keep)
-        for base in [b for b in self._items if b not in held]:
-            bindings().mtmd_input_chunk_free(self._items.pop(base).chunk)
+    def forget(self, keep: Sequence[int], *, grace: float = 0.0) -> None:
+        """Free the media whose placeholders are not in `keep` (the session's tokens), nor
+        named by a prompt in the last `grace` seconds (serve: a request tokenized, not yet
+        handed to the scheduler)."""
+        held, recent = set(keep), time.monotonic() - grace
+        with self._lock:
+            for base in [b for b, m in self._items.items()
+                         if b not in held and not (grace and m.used >= recent)]:
+                bindings().mtmd_input_chunk_free(self._items.pop(base).chunk)
 
     def close(self) -> None:
         lib = bindings()
+        with self._lock:
+            self._close(lib)
+
+    def _close(self, lib) -> None:
         for item in self._items.values():
             lib.mtmd_input_chunk_free(item.chunk)
         self._items.clear()

@@ -28,6 +28,8 @@ Requests with the same prompt admitted while the first of them is still reading 
 its cells (shared in the pool, as the prefix's are) and draws its first token from the same
 logits. Their cells are counted as each one's own, which errs on the side of room.
 
+A prompt with images or audio reads each medium as a step of its own (engine/scheduler_media.py).
+
 Speculation is off here: with several sequences in one batch the verify step would pay a draft
 batch for each of them, and the batch is already what keeps the hardware busy.
 """
@@ -45,6 +47,8 @@ from localinfer.engine.batching import GRAIN, Exact
 from localinfer.engine.decode import Emitter, Limits, Stats
 from localinfer.engine.logprobs import TokenLogprob
 from localinfer.engine.sampling import Sampler
+from localinfer.engine.scheduler_media import MEDIA, MediaSteps
+from localinfer.engine.seq_view import SeqView
 from localinfer.engine.slots import Held, Kept, common_prefix
 from localinfer.errors import LocalinferError
 
@@ -81,32 +85,6 @@ class Occupancy:
     interactive: int = 0      # of the running requests, those not marked batch
 
 
-class _SeqView:
-    """What an Emitter reads of a session, for one sequence: its share of the context."""
-
-    def __init__(self, session, n_ctx: int) -> None:
-        self.session = self
-        self._s, self.n_ctx = session, n_ctx
-
-    def is_eog(self, token: int) -> bool:
-        return self._s.is_eog(token)
-
-    def piece(self, token: int) -> bytes:
-        return self._s.piece(token)
-
-    # What a constrained sampler asks to narrow its grammar as the reply's room runs out.
-    @property
-    def base(self):
-        return self._s
-
-    @property
-    def eos_token(self) -> int | None:
-        return self._s.eos_token
-
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
-        return self._s.tokenize(text, special=special)
-
-
 @dataclass
 class _Running:
     job: Job
@@ -139,6 +117,7 @@ class Scheduler(Admission):
         self.prefix: list[int] = []
         self._prefix_seq = self.parallel
         self._kept = Kept(batch)                # free slots' cells
+        self._media = MediaSteps(batch, self.prefill_chunk)     # images and audio
         self._paused: dict[int, Emitter] = {}   # id(job) -> its emitter, while it waits again
         self._running: dict[int, _Running] = {}  # run's: seq -> the request it runs
         self._window = int(getattr(batch.session, "sliding_window", 0) or 0)
@@ -167,6 +146,7 @@ class Scheduler(Admission):
         more will come, and the run ends once the jobs it has are done."""
         waiting, running = deque(jobs), {}
         self._running = running         # who reads a prompt another request may share
+        self._waiting = waiting
         free = list(range(self.parallel))[::-1]
         while waiting or running or arrivals:
             self._publish(running)
@@ -177,6 +157,7 @@ class Scheduler(Admission):
                 elif came:
                     # interactive jobs ahead of batch ones, each in the order they came
                     waiting = deque(sorted([*waiting, *came], key=lambda job: job.batch))
+                    self._waiting = waiting
             for seq in [s for s, r in running.items() if r.job.cancelled]:
                 self._finish(running, free, seq, "cancelled", on_done)
             self._admit(waiting, running, free, on_done)
@@ -226,6 +207,8 @@ class Scheduler(Admission):
             self._kept.forget(seq)
         if reason:
             done.job.stats.finish_reason = reason
+        self._media.forget([*(r.job.prompt for r in running.values()),
+                            *(j.prompt for j in self._waiting), *self._kept.tokens()])
         self._publish(running)          # before its reply goes: a scrape after it sees it gone
         on_done(done.job)
 
@@ -237,6 +220,8 @@ class Scheduler(Admission):
     def _refused(self, job: Job) -> bool:
         if not job.prompt:
             job.error = "the prompt is empty"
+        elif said := self._media.refusal(job.prompt):
+            job.error = said
         elif len(job.prompt) >= self._room(job.prompt):
             job.error = (f"the prompt is {len(job.prompt):,} tokens, more than the "
                          f"{self._room(job.prompt):,} each request has (raise --ctx"
@@ -258,6 +243,10 @@ class Scheduler(Admission):
     def _reusable(self, job: Job, seq: int) -> int:
         full = job.prompt + job.tokens
         base = _common(job.prompt, self.prefix, len(full) - 1)
+        held = self._kept.get(seq)
+        if held is not None and self._media.holds(full):        # never inside a medium
+            return self._media.reusable(held, full, len(job.prompt), base=base,
+                                        own=held.owner is job)
         return self._kept.reusable(seq, full, len(job.prompt), base=base, window=self._window,
                                    owner=job)
 
@@ -266,10 +255,12 @@ class Scheduler(Admission):
         full = job.prompt + job.tokens
         base = _common(job.prompt, self.prefix, len(full) - 1)
         kept = self._reusable(job, seq)
-        restored = 0 if emit else self._restore(job.prompt, seq, better_than=max(kept, base))
+        media = self._media.holds(full)
+        restored = 0 if emit or media else self._restore(job.prompt, seq,
+                                                         better_than=max(kept, base))
         held = self._kept.pop(seq)
         self._kept.disown(job)
-        kind = batching.tiled(len(job.prompt), base)
+        kind = MEDIA if media else batching.tiled(len(job.prompt), base)
         exact = Exact(kind, base, base)
         if restored > 0:
             shared, from_prefix, exact = restored, 0, Exact(True, 0, restored)
@@ -285,11 +276,11 @@ class Scheduler(Admission):
             shared = from_prefix = base
         if emit is None:
             job.stats = Stats(prompt_tokens=len(job.prompt))
-            emit = Emitter(_SeqView(self.batch.session, self._room(job.prompt)), job.prompt,
+            emit = Emitter(SeqView(self.batch.session, self._room(job.prompt)), job.prompt,
                            job.limits, job.stats)
             job.tokens, job.logprobs = emit.tokens, emit.logprobs
-        ends = batching.prefill_ends(exact.base, shared, len(full), self.prefill_chunk,
-                                     self._window)
+        ends = self._media.ends(full, exact.base, shared) if media else batching.prefill_ends(
+            exact.base, shared, len(full), self.prefill_chunk, self._window)
         leader = None if job.tokens else next(
             (r for r in self._running.values() if r.leader is None and r.pending
              and not r.job.tokens and r.job.prompt == job.prompt), None)
@@ -339,11 +330,14 @@ class Scheduler(Admission):
             # An interactive prompt is being read: batch jobs sit this step out, so that its
             # first token comes about as soon as on an idle server.
             running = [r for r in running if not r.job.batch]
+        finished = self._media.steps(running)       # its media, in decodes of their own
+        running = [r for r in running if (r.seq, "error") not in finished]
         decoding = [r for r in running if not r.pending]
         order = self._prompt_pieces([r for r in running if r.pending],
                                     self.batch.n_batch - len(decoding))
         order += [(r, Piece(r.seq, [r.emit.tokens[-1]], r.pos)) for r in decoding]
-        finished = []
+        if not order:
+            return finished
         for (r, piece), logits in zip(order, self.batch.decode([p for _, p in order])):
             r.pos += len(piece.tokens)
             if logits is None:
@@ -386,7 +380,9 @@ class Scheduler(Admission):
         offset = 0
         for (r, piece), whole in zip(order, whole_batches):
             n, e = len(piece.tokens), r.exact
-            if whole and piece.pos == e.end and e.tiled == tall and \
+            if e.tiled is MEDIA:
+                r.exact = MediaSteps.extended(e, piece.pos, n, whole, tall, offset)
+            elif whole and piece.pos == e.end and e.tiled == tall and \
                     offset % (GRAIN if tall else batching.ROWS) == 0:
                 cap = batching.exact_end(len(r.job.prompt), e.base, self._window)
                 r.exact = Exact(e.tiled, e.base, max(e.end, min(piece.pos + n, cap)))

@@ -57,6 +57,10 @@ class Kept:
     def clear(self) -> None:
         self._held.clear()
 
+    def tokens(self) -> list[list[int]]:
+        """What each slot's cells hold."""
+        return [h.tokens for h in self._held.values()]
+
     def cells(self, keep: int | None = None) -> int:
         """Cells they hold, all but `keep`'s."""
         return sum(h.own for s, h in self._held.items() if s != keep)

@@ -1,6 +1,11 @@
 """The model pool's real plan and load (server/pool.py): a name fitted as `serve` fits its model,
 its memory need from the fit's estimate, and the model loaded as a batch under its own scheduler.
 
+A model with a projector beside its file (`run`'s and `chat`'s, engine/media.py: the catalogue's,
+pulled with the model, or an mmproj*.gguf beside a local one) is served with it: images and
+audio are then answered (engine/scheduler_media.py), and the projector's memory counts in its fit
+and its need as in `run`'s fit. A file there that is not a projector is left out with a note.
+
 Every model is fitted against the pool's whole budget (as if alone: the pool makes the room), so
 the budget is fixed once, when the pool is made (`pooled`): the RAM free later is less by what
 the pool itself holds, and a fit that read it again would shrink or refuse the next model.
@@ -114,12 +119,18 @@ class Loader:
         """The fit of `name` (a pool key), its file pulled or a variant quantized only as
         `fit` allows (offline, quantize_to_fit); TooLarge when no variant fits the budget."""
         named = pipeline.name(name, self.fit, self.report)
-        try:
-            fitted = pipeline.fit_batch(named, self.fit, self.report, parallel=self.parallel,
-                                        shared=True, threads=self.threads,
-                                        engine_log=self.engine_log, backend=self.backend)
-        except DoesNotFit as e:     # a 400 naming the --memory it needs, as the pool's own
-            raise TooLarge(str(e)) from None
+
+        def fit(options: FitOptions) -> pipeline.BatchFit:
+            try:
+                return pipeline.fit_batch(named, options, self.report, parallel=self.parallel,
+                                          shared=True, threads=self.threads,
+                                          engine_log=self.engine_log, backend=self.backend)
+            except DoesNotFit as e:     # a 400 naming the --memory it needs, as the pool's own
+                raise TooLarge(str(e)) from None
+        fitted = fit(self.fit)
+        mmproj = projector_for(fitted, self.report)
+        if mmproj:                  # fitted again with it counted, as `run` fits with --mmproj
+            fitted = fit(replace(self.fit, mmproj=mmproj))
         need, where = need_of(fitted)
         return Plan(need, fitted.options.n_ctx, (named, fitted), where)
 
@@ -142,6 +153,24 @@ class Loader:
                            names_of(name, fitted.ref), embeddings)
 
 
+def projector_for(fitted: pipeline.BatchFit, report: Reporter) -> str:
+    """The projector file a served model loads ("" for none): the one `run` and `chat` find
+    beside the located model file (engine/media.load_projector), on llama.cpp only."""
+    from localinfer.engine.media import MAYBE, load_projector
+    if fitted.backend.name != "llama.cpp":
+        return ""
+    found = load_projector(MAYBE, fitted.path, fitted.ref.display, "llama.cpp")
+    if found:
+        from localinfer.backends.llama.mtmd import capabilities
+        from localinfer.errors import UsageError
+        try:
+            capabilities(Path(found))
+        except UsageError as e:     # a stray file must not stop the model's text
+            report.notify(f"{e}: {fitted.ref.display} is served without images or audio")
+            return ""
+    return found
+
+
 def names_of(name: str, ref: ModelRef) -> tuple[str, ...]:
     """What a request may call a loaded model: names[0] is the one listed and answered with."""
     spec = getattr(ref, "spec", None)
@@ -153,7 +182,9 @@ def need_of(fitted: pipeline.BatchFit) -> tuple[Need, str]:
     """What a fitted batch holds once loaded, from the estimate `run` and `info` use (within a
     few percent of peak RSS), less the runtime's share (`pooled`'s overhead); and where it runs.
     A batch writes a row of logits for each of its sequences in one decode."""
-    facts = memory.facts_from_file(fitted.path)
+    from localinfer.fit.projector import projector_bytes
+    facts = memory.with_extra_weights(memory.facts_from_file(fitted.path),
+                                      projector_bytes(fitted.options.mmproj))
     machine = rules.detect_machine()
     request = memory.Request(context_length(fitted.options.n_ctx, facts.context_length),
                              kv_type=fitted.options.kv_type, logits_rows=fitted.n_seq,

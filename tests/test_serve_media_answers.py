@@ -1,0 +1,121 @@
+"""`serve` answers images and audio (issue 46): a served model with a projector beside its file
+reads media in its batched scheduler (engine/scheduler_media.py) and answers a greedy request
+with the same text as the Python API's generate(images=...) (`run --image`'s path), through the
+official OpenAI, Anthropic and Ollama clients; co-batched requests answer as alone; a repeated
+picture continues from the slot's cells. SmolLM2 with tiny random-weight projectors
+(tests/mmproj_writer.py): the mechanics, never what a model sees or hears."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from media_files import data_url, png, wav
+from mmproj_writer import smolvlm_text_model, write_idefics3, write_ultravox
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+ollama = pytest.importorskip("ollama")
+
+ASK, N = "What is in it?", 10
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, smollm_path):
+    """One server holding SmolLM2-with-SmolVLM's-tokens twice, beside a vision projector and
+    beside an audio one; the paths, the URL, and the reference answers of the Python API."""
+    import localinfer
+    from helpers import start_server
+    root = tmp_path_factory.mktemp("served-media")
+    text = smolvlm_text_model(smollm_path, root / "text.gguf")
+    paths = {}
+    for kind, write in (("vision", write_idefics3), ("audio", write_ultravox)):
+        (root / kind).mkdir()
+        paths[kind] = root / kind / f"smolvlm-{kind}.gguf"
+        os.link(text, paths[kind])
+        write(root / kind / f"mmproj-{kind}.gguf")
+    media = {"a": png(100, 30, seed=3), "b": png(48, 48, seed=5), "clip": wav(1.0)}
+    said = {}
+    with localinfer.load(str(paths["vision"])) as model:
+        for key in ("a", "b"):
+            said[key] = model.generate(ASK, images=[media[key]], temperature=0, max_tokens=N,
+                                       cache=False)
+        said["text"] = model.generate("Name a color.", temperature=0, max_tokens=N, cache=False)
+    with localinfer.load(str(paths["audio"])) as model:
+        said["clip"] = model.generate(ASK, audio=[media["clip"]], temperature=0, max_tokens=N,
+                                      cache=False)
+    proc, url = start_server(str(paths["vision"]), str(paths["audio"]), "--ctx", "2048",
+                             "--parallel", "2")
+    yield {"url": url, "media": media, "said": said, "vision": str(paths["vision"]),
+           "audio": str(paths["audio"])}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
+def _openai(s) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s["url"] + "/v1", api_key="-", max_retries=0)
+
+
+def _ask_openai(s, image: bytes | None, text: str = ASK) -> str:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(image)}}] if image else []
+    reply = _openai(s).chat.completions.create(
+        model=s["vision"], max_tokens=N, temperature=0,
+        messages=[{"role": "user", "content": [*parts, {"type": "text", "text": text}]}])
+    return reply.choices[0].message.content
+
+
+def test_every_client_answers_a_picture_as_generate_does(served):
+    s, said = served, served["said"]
+    assert said["a"] and said["a"] != said["b"]         # two pictures, two answers
+    assert _ask_openai(s, s["media"]["a"]) == said["a"]
+    claude = anthropic.Anthropic(base_url=s["url"], api_key="-", max_retries=0)
+    reply = claude.messages.create(model=s["vision"], max_tokens=N, extra_body={
+        "temperature": 0}, messages=[
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(s["media"]["b"]).decode()}},
+            {"type": "text", "text": ASK}]}])
+    assert reply.content[0].text == said["b"]
+    chat = ollama.Client(host=s["url"]).chat(
+        model=s["vision"], options={"temperature": 0, "num_predict": N},
+        messages=[{"role": "user", "content": ASK, "images": [s["media"]["a"]]}])
+    assert chat.message.content == said["a"]
+
+
+def test_a_picture_and_a_text_request_together_answer_as_alone(served):
+    """Two requests at once on two slots: one reads a picture (its media steps between the
+    co-batched steps), the other only text; each answers what it answers alone."""
+    s = served
+    with ThreadPoolExecutor(2) as pool:
+        seen = pool.submit(_ask_openai, s, s["media"]["b"])
+        told = pool.submit(_ask_openai, s, None, "Name a color.")
+        assert seen.result() == s["said"]["b"]
+        assert told.result() == s["said"]["text"]
+
+
+def test_a_repeated_picture_continues_from_the_slots_cells(served):
+    s = served
+
+    def ask():
+        return _openai(s).responses.create(
+            model=s["vision"], max_output_tokens=N, temperature=0, input=[
+                {"role": "user", "content": [
+                    {"type": "input_image", "image_url": data_url(s["media"]["a"])},
+                    {"type": "input_text", "text": ASK}]}])
+    first, again = ask(), ask()
+    assert first.output_text == again.output_text == s["said"]["a"]
+    cached = again.usage.input_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.input_tokens       # the picture's cells, not the end
+
+
+def test_audio_is_answered_as_generate_does(served):
+    s = served
+    reply = _openai(s).chat.completions.create(
+        model=s["audio"], max_tokens=N, temperature=0, messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {
+                "data": base64.b64encode(s["media"]["clip"]).decode(), "format": "wav"}},
+            {"type": "text", "text": ASK}]}])
+    assert reply.choices[0].message.content == s["said"]["clip"]

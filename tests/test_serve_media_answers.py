@@ -119,3 +119,27 @@ def test_audio_is_answered_as_generate_does(served):
                 "data": base64.b64encode(s["media"]["clip"]).decode(), "format": "wav"}},
             {"type": "text", "text": ASK}]}])
     assert reply.choices[0].message.content == s["said"]["clip"]
+
+
+def test_a_slots_cells_are_continued_only_where_a_cold_evaluation_cuts():
+    """The cut rules alone (a stand-in projector: ids from 100 are placeholders, one medium of
+    5 at id 1000): a slot whose cells end inside the medium is continued from its start, never
+    from inside it; cells not read as a prompt with media are not continued at all."""
+    from types import SimpleNamespace
+
+    from localinfer.engine.batching import Exact
+    from localinfer.engine.scheduler_media import MEDIA, MediaSteps
+    from localinfer.engine.slots import Held
+    medium = SimpleNamespace(n=5)
+    projector = SimpleNamespace(n_vocab=100, item=lambda t: medium if t == 1000 else None)
+    steps = MediaSteps(SimpleNamespace(session=SimpleNamespace(media=projector)), chunk=2)
+    prompt = [1, 2, 3, *range(1000, 1005), 4, 5, 6]
+    assert steps.cuts(prompt, 0) == [2, 3, 8, 10, 11]
+    assert steps.outside(prompt, 5) == 3 and steps.outside(prompt, 8) == 8
+    cut_short = Held(prompt[:5], 0, Exact(MEDIA, 0, 5))         # its end dropped for room
+    assert steps.reusable(cut_short, prompt, len(prompt), base=0, own=False) == 3
+    assert steps.reusable(cut_short, prompt, len(prompt), base=0, own=True) == 3
+    whole = Held(prompt, 0, Exact(MEDIA, 0, len(prompt)))
+    assert steps.reusable(whole, prompt, len(prompt), base=0, own=False) == 10    # a text cut
+    as_text = Held(prompt, 0, Exact(True, 0, len(prompt)))
+    assert steps.reusable(as_text, prompt, len(prompt), base=0, own=False) == 0

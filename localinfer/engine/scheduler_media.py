@@ -43,10 +43,10 @@ class MediaSteps:
 
     def refusal(self, prompt: Sequence[int]) -> str | None:
         """Why a prompt cannot be read here (None: it can)."""
-        n_vocab = self.projector.n_vocab if self.projector else self.batch.session.n_vocab
+        if self.projector is None:      # serve refuses media for such a model (media_parts)
+            return None
+        n_vocab = self.projector.n_vocab
         if prompt and max(prompt) >= n_vocab:
-            if self.projector is None:
-                return "the prompt holds media but the model has no projector"
             if prompt[-1] >= n_vocab:
                 return "a prompt cannot end with an image or audio clip: put text after it"
             try:                    # each medium whole and known (the projector has its chunks)
@@ -173,7 +173,9 @@ class MediaSteps:
     def forget(self, token_lists) -> None:
         """Free the media no request or slot holds any more (nor one tokenized lately)."""
         if self.projector is not None:
-            keep = {t for tokens in token_lists for t in tokens if t >= self.projector.n_vocab}
+            n_vocab = self.projector.n_vocab
+            keep = {t for tokens in token_lists if tokens and max(tokens) >= n_vocab
+                    for t in tokens if t >= n_vocab}
             self.projector.forget(keep, grace=GRACE_S)
 
 

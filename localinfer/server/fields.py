@@ -132,9 +132,9 @@ _OLLAMA = {"model": (HONOURED, ""), "stream": (HONOURED, ""),
 OLLAMA_GENERATE = {**_OLLAMA, "prompt": (HONOURED, ""), "system": (HONOURED, ""),
                    "raw": (HONOURED, ""),
                    "suffix": (REFUSED, "fill-in-the-middle is not supported"),
-                   "images": (HONOURED, "base64, read and checked, before the prompt; not yet "
-                              "decoded: a 400 until serve evaluates media "
-                              "([multimodal.md](multimodal.md))"),
+                   "images": (HONOURED, "base64, read and checked, before the prompt, for a "
+                              "model served with a projector ([multimodal.md](multimodal.md); "
+                              "a 400 naming a model without one)"),
                    "template": (REFUSED, "the model's own chat template is used"),
                    "context": (REFUSED, "send the conversation to /api/chat"),
                    **{f: (REFUSED, "no image generation") for f in ("width", "height", "steps")}}

@@ -54,13 +54,14 @@ def test_an_image_is_answered_the_same_cold_and_from_the_prompt_cache(mm, tmp_pa
     assert "prompt cache: hit" not in other.stderr     # another picture shares no cells
 
 
-def test_no_drafter_sees_media_so_drafting_changes_nothing(mm, tmp_path):
+def test_run_speculates_around_an_image_and_answers_as_plain(mm, tmp_path):
+    """The drafter sees the text only (tests/test_speculation_media.py); the answer is plain's."""
     plain = _run(mm, tmp_path, "vision", "--image", str(mm / "wide.png"), "--no-cache",
                  "--draft", "none")
     drafted = _run(mm, tmp_path, "vision", "--image", str(mm / "wide.png"), "--no-cache",
                    "--draft", "lookup", "-v")
     assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr
-    assert drafted.stdout == plain.stdout and "speculation:" not in drafted.stderr
+    assert drafted.stdout == plain.stdout and "speculation: lookup" in drafted.stderr
 
 
 def test_audio_is_answered(mm, tmp_path):

@@ -63,10 +63,8 @@ def generation(loaded: LoadedModel, tokens: list[int], params: SamplingParams, l
     # the speculative rule consumes. So a seeded sampled run does not draft under `auto`, and a
     # named drafter drafts a fixed --draft-max per round.
     seeded = params.temperature > 0 and params.rng_seed is not None
-    # No drafter sees images or audio: with media, decoding is plain (docs/multimodal.md).
-    from localinfer.engine.media import holds_media
-    if draft_max == 0 or draft == "none" or (seeded and draft == "auto") \
-            or holds_media(session, tokens):
+    # With images or audio the drafter sees the text only (speculate/drafters.MediaBlind).
+    if draft_max == 0 or draft == "none" or (seeded and draft == "auto"):
         return plain()
     from localinfer.speculate import choose
     drafter = choose.open_drafter(draft, loaded, options=options, offline=offline,

@@ -1,6 +1,7 @@
 """Drafters: cheap guesses of the next few tokens, which the target model then verifies in one batch.
 
-A drafter sees the whole token sequence so far (prompt and output) and proposes up to n tokens.
+A drafter sees the whole token sequence so far (prompt and output) and proposes up to n tokens;
+of a prompt with images or audio, only the text (MediaBlind).
 With sampling it also says how likely it found each guess (its distribution q), because the
 acceptance rule needs q; a deterministic drafter (prompt lookup) proposes with q = 1.
 """
@@ -15,6 +16,7 @@ import numpy as np
 
 from localinfer.backends import Session
 from localinfer.engine.kv import KVCache, common_prefix
+from localinfer.engine.media import holds_media, projector_of
 from localinfer.engine.sampling import HISTORY_TAIL
 from localinfer.errors import UsageError
 
@@ -149,6 +151,53 @@ class DraftModel:
 
     def close(self) -> None:
         self.session.close()
+
+
+class MediaBlind:
+    """A drafter that sees a prompt's text only: images and audio removed from the sequence.
+
+    A medium is a run of placeholder ids past the vocabulary (engine/media.py): a draft model
+    would hand them to llama.cpp, which has no such tokens, and prompt lookup would match into
+    them and propose them. So the drafter gets the text with every medium taken out, and a draft
+    stops at any id past the vocabulary: it can only guess text, and the target verifies every
+    guess as before. The text view grows as the sequence does, so a draft model keeps its cells
+    (by prefix) across rounds and across a conversation's turns that repeat the same media."""
+
+    def __init__(self, drafter: Drafter, n_vocab: int) -> None:
+        self.inner, self.n_vocab, self.name = drafter, n_vocab, drafter.name
+        self._text: list[int] = []
+        self._read = 0          # positions of the sequence already viewed
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self._text, self._read = [], 0
+        self.inner.prepare(self._view(prompt))
+
+    def propose(self, context: Sequence[int], n: int, policy: Policy) -> Draft:
+        draft = self.inner.propose(self._view(context), n, policy)
+        cut = next((i for i, t in enumerate(draft.tokens) if not 0 <= t < self.n_vocab), None)
+        if cut is not None:
+            draft.tokens = draft.tokens[:cut]
+            draft.q = draft.q[:cut] if draft.q is not None else None
+        return draft
+
+    def _view(self, context: Sequence[int]) -> list[int]:
+        # Between prepare() calls the sequence only grows: only its new tail is read, so a round
+        # costs what it drafts, not the context's length. A shorter one is a new sequence.
+        if len(context) < self._read:
+            self._text, self._read = [], 0
+        self._text.extend(t for t in context[self._read:] if t < self.n_vocab)
+        self._read = len(context)
+        return self._text
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def blind_to_media(drafter: Drafter, session: Session, prompt: Sequence[int]) -> Drafter:
+    """`drafter` as it may see `prompt`: unchanged for text, MediaBlind when it holds media."""
+    if not holds_media(session, prompt):
+        return drafter
+    return MediaBlind(drafter, projector_of(session).n_vocab)
 
 
 class VocabularyMismatch(UsageError):

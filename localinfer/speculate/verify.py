@@ -26,7 +26,7 @@ from localinfer.engine.sampling import (HISTORY_TAIL, SamplingParams, candidate_
                                         make_sampler, penalise)
 from localinfer.errors import LocalinferError
 from localinfer.speculate.adaptive import Controller
-from localinfer.speculate.drafters import Distribution, Draft, Drafter
+from localinfer.speculate.drafters import Distribution, Draft, Drafter, blind_to_media
 
 # A token the verification settled on, with its log-probabilities when the limits ask for them:
 # scored while its row is the engine's, before the next chunk's eval may overwrite it.
@@ -144,7 +144,9 @@ class SpeculativeGeneration:
     def __init__(self, cache: KVCache, prompt: Sequence[int], params: SamplingParams,
                  limits: Limits, drafter: Drafter, *, max_draft: int = 8, chunk: int = 1,
                  adaptive: bool = True, grammar: Grammar | None = None) -> None:
-        self.cache, self.prompt, self.limits, self.drafter = cache, list(prompt), limits, drafter
+        self.cache, self.prompt, self.limits = cache, list(prompt), limits
+        # Media stay the target's: the drafter sees the text around them and drafts only text.
+        self.drafter = blind_to_media(drafter, cache.session, self.prompt)
         self.grammar = grammar
         self.policy = SamplingPolicy(params)
         self.control = Controller(max_draft, chunk, adaptive=adaptive)

@@ -61,13 +61,15 @@ def material(folder: Path) -> list[tuple[str, Path, Path, list[str]]]:
 
 
 def theirs(cli: Path, model: Path, mmproj: Path, media: list[str], tokens: int,
-           threads: int) -> tuple[str, float, float]:
-    """llama-mtmd-cli's (answer, encode ms, TTFT ms) on the wheel's libraries."""
+           threads: int, extra: tuple[str, ...] = ()) -> tuple[str, float, float]:
+    """llama-mtmd-cli's (answer, encode ms, TTFT ms) on the wheel's libraries; `extra`: more of
+    its options (scripts/multimodal_check.py: -ngl)."""
     lib = Path(__import__("llama_cpp").__file__).parent / "lib"
     cmd = [str(cli), "-m", str(model), "--mmproj", str(mmproj), *media, "-p", PROMPT, "--temp",
            "0", "-n", str(tokens), "-t", str(threads), "--jinja", "-c", "4096", "-b", "512",
-           "-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-v"]
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+           "-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", *extra, "-v"]
+    env = {**os.environ, **{var: f"{lib}:{os.environ.get(var, '')}"      # Linux; a Mac
+                            for var in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     offsets, start, encode, first, out = [], [], [0], [], []
 
@@ -101,11 +103,12 @@ def theirs(cli: Path, model: Path, mmproj: Path, media: list[str], tokens: int,
 class Ours:
     """One SmolLM2-sized session with its projector, as `run --kv-type q8_0` loads it."""
 
-    def __init__(self, model: Path, mmproj: Path, threads: int) -> None:
+    def __init__(self, model: Path, mmproj: Path, threads: int, gpu_layers: int = -1) -> None:
         from localinfer.backends import LoadOptions
         from localinfer.backends.llama.session import LlamaCppSession
         self.session = LlamaCppSession(model, LoadOptions(n_ctx=4096, n_threads=threads,
-                                                          kv_type="q8_0", mmproj=str(mmproj)))
+                                                          kv_type="q8_0", mmproj=str(mmproj),
+                                                          gpu_layers=gpu_layers))
 
     def answer(self, media: list[str], tokens: int) -> tuple[str, float, float]:
         from localinfer import media as checks
@@ -159,21 +162,25 @@ def main(argv: list[str] | None = None) -> int:
 
 def _compare(cases, cli: Path, args) -> int:
     mismatches, loaded = 0, {}
+    layers = getattr(args, "gpu_layers", None)        # multimodal_check: the same on both sides
+    extra = ("-ngl", str(layers)) if layers is not None else ()
     print("| case | tokens equal | encode ms ours / theirs | TTFT ms ours / theirs | TTFT ratio |")
     print("|---|---|---|---|---|")
     for name, model, mmproj, media in cases:
         if (model, mmproj) not in loaded:
-            loaded[model, mmproj] = Ours(model, mmproj, args.threads)
+            loaded[model, mmproj] = Ours(model, mmproj, args.threads,
+                                         -1 if layers is None else layers)
         ours = loaded[model, mmproj]
         mine = ours.answer(media, args.tokens)
-        other = theirs(cli, model, mmproj, media, args.tokens, args.threads)
+        other = theirs(cli, model, mmproj, media, args.tokens, args.threads, extra)
         same = mine[0] == other[0]
         mismatches += not same
         if not same:
             print(f"ours:   {mine[0]!r}\ntheirs: {other[0]!r}", file=sys.stderr)
         timed = {"ours": [], "theirs": []}
         for _ in range(args.rounds):          # alternating, so a slow spell hits both sides
-            timed["theirs"].append(theirs(cli, model, mmproj, media, 1, args.threads)[1:])
+            timed["theirs"].append(theirs(cli, model, mmproj, media, 1, args.threads,
+                                          extra)[1:])
             timed["ours"].append(ours.answer(media, 1)[1:])
         enc = {k: statistics.median(e for e, _ in v) for k, v in timed.items()}
         ttft = {k: statistics.median(t for _, t in v) for k, v in timed.items()}

@@ -15,7 +15,11 @@ For every GGUF model, with every layer on the GPU (`-ngl 99`, `--gpu-layers 99`)
    reported like the CPU comparison (the experts' kernels run on the CPU then);
 4. memory: the fit's estimate of what the GPU holds (`Placement.on_gpu`) against the device memory
    the engine reports in use after the load (free memory from ggml's registry before the model is
-   loaded minus after its context is made), in a fresh process so nothing else holds memory there.
+   loaded minus after its context is made), in a fresh process so nothing else holds memory there;
+5. with `--multimodal [MODEL]` (a catalogue vision model, smolvlm2-256m-video-instruct by default):
+   images on the GPU, `localinfer run --image` against llama-mtmd-cli, the same greedy tokens and
+   time to first token side by side (scripts/multimodal_check.py, which runs alone on a Mac); a
+   model that cannot be fetched is a `skip:` line, not a failure.
 
 Prints one table (or JSON). Exit 0 when every model decodes at 0.95x llama-bench or better and its
 estimate is within 10% of what the device holds; 1 when one does not (the failures on stderr);
@@ -34,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_vs_llama_bench as lb  # noqa: E402  (the llama-bench build and the alternating runs)
+import multimodal_check as mm  # noqa: E402  (--multimodal: images against llama-mtmd-cli)
 
 ALL_LAYERS = 99               # llama-bench's -ngl 99: every layer of any model below 99 layers
 DECODE_FLOOR = 0.95           # localinfer's decode at least this share of llama-bench's
@@ -244,9 +249,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel build jobs (default: CPU count)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--multimodal", nargs="?", const=mm.DEFAULT_MODEL, metavar="MODEL",
+                        help="also check images on the GPU against llama-mtmd-cli with this "
+                             f"catalogue vision model (default: {mm.DEFAULT_MODEL})")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not args.models and not args.probe:
+    if not args.models and not args.probe and not args.multimodal:
         parser.error("give at least one GGUF model")
     for name in ("threads", "repetitions", "rounds", "ctx", "jobs"):
         if getattr(args, name) < 1:
@@ -274,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
     for model in args.models:
         if not model.is_file():
             raise CannotCheck(f"model file not found: {model}")
+    if not args.models:
+        return multimodal(args)
     llama_bench = build_llama_bench(backend, args)
     rows = [check_model(model, llama_bench, args) for model in args.models]
     gpus = ", ".join(f"{g['name']} ({g['description']})" for g in engine["gpus"])
@@ -288,7 +298,19 @@ def run(args: argparse.Namespace) -> int:
     failed = [line for row in rows for line in failures(row)]
     for line in failed:
         print(f"FAIL {line}", file=sys.stderr)
-    return EXIT_FAILED if failed else 0
+    images = multimodal(args) if args.multimodal else 0
+    return EXIT_FAILED if failed or images == EXIT_FAILED else 0
+
+
+def multimodal(args: argparse.Namespace) -> int:
+    """The images check (multimodal_check.py) with every layer on the GPU; a model that cannot
+    be fetched is a skip line and no failure (0)."""
+    try:
+        return mm.check(args.multimodal, gpu_layers=ALL_LAYERS, rounds=args.rounds,
+                        threads=args.threads, jobs=args.jobs)
+    except mm.Skip as exc:
+        print(f"skip: multimodal check: {exc}", file=sys.stderr)
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

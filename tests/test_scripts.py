@@ -114,6 +114,7 @@ CHEAPEST = {
     "bench_kv_types.py": ("{SMOL}", "quality"),
     "bench_map.py": ("smollm2", "--lines", "4", "--parallel", "2", "-n", "4"),
     "bench_multimodal.py": ("--rounds", "1", "--tokens", "8"),
+    "multimodal_check.py": ("--rounds", "1", "--tokens", "8", "--gpu-layers", "0"),
     "bench_memory.py": ("{SMOL}", "--ctx", "512", "--backend", "llama.cpp"),
     "bench_mlx.py": ("smollm2", "--cpu", "--rounds", "1", "-n", "8", "-r", "1"),
     "bench_onnx.py": ("smollm2", "--rounds", "1", "-p", "32", "-n", "8", "-r", "1"),
@@ -152,7 +153,21 @@ def engine_has_rpc() -> bool:
     return rpc.supported()
 
 
+def hub_reachable() -> bool:
+    """Whether huggingface_hub's endpoint answers a connection (multimodal_check pulls a model)."""
+    import socket
+    from urllib.parse import urlparse
+    from huggingface_hub import constants
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
 NEEDS = {"gpu_check.py": engine_has_gpu, "bench_rpc.py": engine_has_rpc,
+         "multimodal_check.py": hub_reachable,
          "bench_mlx.py": lambda: importlib.util.find_spec("mlx") is not None}
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -59,6 +60,14 @@ def ensure_llama_bench(build_dir: Path, version: str, jobs: int,
     with other cmake options (a GPU backend's) goes to its own `build_name` beside the CPU one."""
     return ensure_tool("llama-bench", jobs=jobs, extra_options=extra_options,
                        build_name=build_name, version=version, root=build_dir)
+
+
+def build_name_for(options: tuple[str, ...] | None) -> str:
+    """The wheel-feature build's folder, or one named by the options' hash (a build per set)."""
+    if options is None:
+        return CPU_BUILD
+    import hashlib  # noqa: PLC0415
+    return "build-" + hashlib.sha256(" ".join(options).encode()).hexdigest()[:10]
 
 
 # --------------------------------------------------------------------------
@@ -174,7 +183,7 @@ def wheel_lib_env() -> dict:
 def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds: int,
                 env: dict | None = None, llama_bench_args: tuple[str, ...] = (),
                 localinfer_args: tuple[str, ...] = (),
-                prompts: tuple[int, ...] = (N_PROMPT,)) -> list[dict]:
+                prompts: tuple[int, ...] = (N_PROMPT,), our_env: dict | None = None) -> list[dict]:
     """Run both benchmarks on one model, alternating for several rounds; one row per test.
 
     Alternating the two tools spreads the load of a shared, noisy machine over both sides. Two
@@ -201,7 +210,7 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
 
     def run_ours() -> None:
         for i, cmd in enumerate(localinfer_cmds):
-            data = run_json(cmd, f"localinfer bench on {model.name}")
+            data = run_json(cmd, f"localinfer bench on {model.name}", our_env)
             for test, samples in parse_localinfer(data).items():
                 if test.startswith("pp") or i == 0:
                     ours.setdefault(test, []).append(samples)
@@ -225,6 +234,7 @@ def bench_model(model: Path, llama_bench: Path, threads: int, reps: int, rounds:
             "llama_bench_tps": their_tps, "llama_bench_stat": "median",
             "localinfer_tps": our_tps, "ratio": our_tps / their_tps if their_tps else None,
             "paired_ratio": statistics.median(per_round), "round_ratios": per_round,
+            "paired_ratio_ci95": median_ci(per_round),
             "samples": {"llama_bench": their_all, "localinfer": our_all},
         })
     return rows
@@ -252,6 +262,24 @@ def _quartiles(values: list[float]) -> str:
     return f"{q1:.3f}–{q3:.3f}"
 
 
+def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median: the order statistics x(k)..x(n+1-k) with the
+    largest k whose binomial coverage is at least `confidence`; None below 6 values (no such k)."""
+    ordered, n = sorted(values), len(values)
+    k, below = 0, 0.0
+    while True:
+        below += math.comb(n, k) / 2 ** n     # P(fewer than k+1 of n values below the median)
+        if 1 - 2 * below < confidence:
+            break
+        k += 1
+    return (ordered[k - 1], ordered[n - k]) if k >= 1 else None
+
+
+def _interval(values: list[float]) -> str:
+    ci = median_ci(values)
+    return f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "n/a (under 6 rounds)"
+
+
 def format_table(machine: dict, rows: list[dict]) -> str:
     """Render the machine line and a markdown table of the rows."""
     stats = {row["llama_bench_stat"] for row in rows}
@@ -264,15 +292,16 @@ def format_table(machine: dict, rows: list[dict]) -> str:
         f"llama-cpp-python {machine['llama_cpp_python']}",
         "",
         f"| model | test | llama-bench t/s ({stat}) | localinfer t/s (median) | ratio "
-        "| ratio, median of rounds (quartiles, rounds) |",
-        "|---|---|---:|---:|---:|---|",
+        "| ratio, median of rounds (quartiles, rounds) | 95% CI of that median |",
+        "|---|---|---:|---:|---:|---|---|",
     ]
     for row in rows:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
         lines.append(
             f"| {row['model']} | {row['test']} | {row['llama_bench_tps']:.2f} "
             f"| {row['localinfer_tps']:.2f} | {ratio} | {row['paired_ratio']:.3f} "
-            f"({_quartiles(row['round_ratios'])}, {len(row['round_ratios'])}) |"
+            f"({_quartiles(row['round_ratios'])}, {len(row['round_ratios'])}) "
+            f"| {_interval(row['round_ratios'])} |"
         )
     return "\n".join(lines)
 
@@ -296,6 +325,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--wheel-libs", action="store_true",
                         help="run llama-bench on the llama.cpp libraries of the installed "
                              "llama-cpp-python wheel (same engine binaries on both sides)")
+    parser.add_argument("--cmake-options", default="",
+                        help="build llama-bench and its libraries with these cmake options "
+                             "instead of the wheel's CPU features, in a build folder of their own: "
+                             "e.g. '-DGGML_NATIVE=ON' (llama.cpp's default build) or "
+                             "'-DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mtune=generic "
+                             "-DCMAKE_CXX_FLAGS=-mtune=generic' (docs/engine.md)")
+    parser.add_argument("--shared-build", action="store_true",
+                        help="localinfer loads llama-bench's build of the libraries too "
+                             "(LLAMA_CPP_LIB_PATH): one build on both sides, a build of your choice")
     parser.add_argument("--build-dir", type=Path,
                         help="llama.cpp download/build cache "
                              "(default: llama.cpp-VERSION in $LOCALINFER_BENCH_CACHE, else "
@@ -334,21 +372,31 @@ def run(args: argparse.Namespace) -> None:
     """Build llama-bench if needed, benchmark every model, print results."""
     version = args.llama_cpp_version or installed_llama_cpp_version()
     build_dir = args.build_dir or source_root(version)
-    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs)
+    options = tuple(shlex.split(args.cmake_options)) or None
+    llama_bench = ensure_llama_bench(build_dir.expanduser(), version, args.jobs, options,
+                                     build_name_for(options))
     if args.build_only:
         print(llama_bench)
         return
     for model in args.models:
         if not model.is_file():
             raise BenchError(f"model file not found: {model}")
+    if args.wheel_libs and args.shared_build:
+        raise BenchError("--wheel-libs and --shared-build name two different builds; give one")
+    our_env = ({**os.environ, "LLAMA_CPP_LIB_PATH": str(llama_bench.parent)}
+               if args.shared_build else None)
     rows = []
     for model in args.models:
         rows.extend(bench_model(model, llama_bench, args.threads, args.repetitions, args.rounds,
                                 wheel_lib_env() if args.wheel_libs else None,
                                 llama_bench_args=tuple(shlex.split(args.llama_bench_args)),
-                                prompts=args.prompts))
-    machine = machine_info(args.threads, args.repetitions, args.rounds, version,
-                           "the wheel's" if args.wheel_libs else "its own build")
+                                prompts=args.prompts, our_env=our_env))
+    libs = "the wheel's" if args.wheel_libs else "its own build"
+    if args.cmake_options:
+        libs += f" ({args.cmake_options})"
+    if args.shared_build:
+        libs += ", loaded by localinfer too"
+    machine = machine_info(args.threads, args.repetitions, args.rounds, version, libs)
     if args.json:
         print(json.dumps({"machine": machine, "llama_bench": str(llama_bench),
                           "results": rows}, indent=2))

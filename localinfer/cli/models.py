@@ -183,6 +183,8 @@ def _show_devices(facts: dict, *, as_json: bool) -> None:
     rows += device_rows(facts.get("devices", []))
     if facts.get("placement"):
         rows.append(["placement", facts["placement"]])
+    if facts.get("engine_tuning"):
+        rows.append(["engine tuning", facts["engine_tuning"]])
     rpc = facts.get("rpc") or {}
     if rpc:
         rows.append(["rpc workers", "yes (localinfer worker, --rpc)" if rpc["supported"]

@@ -27,6 +27,7 @@ def detect() -> dict:
         "apple_silicon": machine.is_apple_silicon(),
         "onnxruntime_providers": _onnx_providers(),
         "backends": _backend_facts(),
+        "engine_tuning": _tuning_hint(),
     }
     facts.update(_gpu_facts())
     try:
@@ -62,6 +63,18 @@ def _gpu_facts() -> dict:
             "gpu_hardware": [h.what for h in
                              gpu.present(apple_silicon=machine.is_apple_silicon())],
             "gpu_hint": gpu.this_rebuild_hint(found)}
+
+
+def _tuning_hint() -> str | None:
+    """A sentence when the loaded llama.cpp was tuned for an older CPU than this one."""
+    try:
+        from llama_cpp import llama_cpp as bindings
+    except Exception:       # no engine installed, or one that does not load: nothing to tell
+        return None
+    from pathlib import Path
+
+    from localinfer.backends.llama import tuning
+    return tuning.hint(Path(bindings._base_path))
 
 
 def _backend_facts() -> dict:

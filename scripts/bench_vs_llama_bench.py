@@ -355,6 +355,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.models and not args.build_only:
         parser.error("give at least one GGUF model, or --build-only")
+    if args.wheel_libs and args.shared_build:
+        parser.error("--wheel-libs and --shared-build name two different builds; give one")
     return args
 
 
@@ -381,8 +383,6 @@ def run(args: argparse.Namespace) -> None:
     for model in args.models:
         if not model.is_file():
             raise BenchError(f"model file not found: {model}")
-    if args.wheel_libs and args.shared_build:
-        raise BenchError("--wheel-libs and --shared-build name two different builds; give one")
     our_env = ({**os.environ, "LLAMA_CPP_LIB_PATH": str(llama_bench.parent)}
                if args.shared_build else None)
     rows = []

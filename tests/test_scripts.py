@@ -104,6 +104,21 @@ def test_bad_prompt_lengths_are_one_line(lengths):
     assert done.returncode == 2 and "--prompts" in lines[-1] and done.stdout == ""
 
 
+def test_two_builds_named_at_once_are_one_line():
+    done = script("bench_vs_llama_bench.py", "--wheel-libs", "--shared-build", "model.gguf")
+    assert done.returncode == 2 and "give one" in done.stderr.strip().splitlines()[-1]
+
+
+def test_the_interval_of_a_median_is_its_order_statistics():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bvl", SCRIPTS_DIR / "bench_vs_llama_bench.py")
+    bvl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bvl)
+    assert bvl.median_ci([float(v) for v in range(10, 0, -1)]) == (2.0, 9.0)   # 97.9% cover
+    assert bvl.median_ci([float(v) for v in range(1, 15)]) == (3.0, 12.0)     # 98.7%
+    assert bvl.median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None                    # 5 cannot give 95%
+
+
 # -- opt-in: the cheapest real run of each, in one fresh cache --------------------------------------
 # {SMOL}: the SmolLM2 file of the test store. Each is the smallest run that still takes every
 # step of the script's real one (builds, venvs, exports, both sides of each comparison).

@@ -63,6 +63,7 @@ def bad(tmp_path_factory, smollm_path) -> Path:
     _rewrite(good, root / "projection.gguf", "mm.model.fc.weight", f32(576, 100))
     _rewrite(good, root / "missing.gguf", "v.blk.1.attn_q.weight", None)
     _rewrite(good, root / "positions.gguf", "v.position_embd.weight", f32(63, 32))
+    _rewrite(good, root / "width.gguf", "mm.model.fc.weight", f32(512, 128))
     write_ultravox(root / "stacking.gguf", stack=8)
     data = good.read_bytes()
     (root / "truncated.gguf").write_bytes(data[:len(data) - 1000])
@@ -90,10 +91,12 @@ def test_each_hostile_projector_kills_a_process_that_loads_it_unchecked(bad, nam
     assert sound.returncode == 0 and sound.stdout.strip() == b"ok", sound.stderr[-2000:]
 
 
-@pytest.mark.parametrize("name", [*HOSTILE, "truncated"])
+@pytest.mark.parametrize("name", [*HOSTILE, "truncated", "width"])
 def test_run_refuses_a_hostile_projector_in_one_line(bad, tmp_path, name):
     """One line naming the file, exit 2, nothing on stdout; the only file written is the
-    verdict (none for a truncated file, refused from its header)."""
+    verdict (none for a truncated file, refused from its header). `width`: embeddings 512
+    wide for a 576-wide model, which libmtmd refuses cleanly once it sees the model (exit 1
+    before: a runtime error where every other projector fault is a usage one)."""
     result = run_cli("run", str(bad / "model.gguf"), "Describe this.", "--temp", "0", "-n", "4",
                      "--mmproj", str(bad / f"{name}.gguf"), *_medium(bad, name), home=tmp_path)
     assert result.returncode == 2, result.stderr

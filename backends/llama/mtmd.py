@@ -107,8 +107,8 @@ class Projector:
         params.n_threads = session.n_threads
         self._ctx = lib.mtmd_init_from_file(str(path).encode(), session._model, params)
         if not self._ctx:
-            raise ModelLoadError(f"cannot load the projector {path.name}: "
-                                 f"{log.last_error() or 'libmtmd refused it'}")
+            raise UsageError(f"cannot load the projector {path.name}: "
+                             f"{log.last_error() or 'libmtmd refused it'}")
         if lib.mtmd_decode_use_mrope(self._ctx):
             self.close()
             raise ModelLoadError(f"{path.name} places media by M-RoPE (Qwen2-VL and later), "

@@ -180,16 +180,17 @@ def test_a_seeded_sampled_run_with_an_image_repeats_whatever_the_timings(vision,
     assert len(texts) == 1 and "" not in texts
 
 
-def test_python_generate_with_an_image_drafts_and_answers_as_plain(vision):
+def test_python_generate_with_an_image_drafts_under_auto_and_answers_as_plain(vision):
     import localinfer
     _, _, _, root = vision
     with localinfer.load(str(root / "smolvlm-specmedia.gguf"),
                          mmproj=str(root / "mmproj-specmedia.gguf")) as model:
         ask = dict(images=[root / "big.png"], temperature=0, max_tokens=24, cache=False)
         plain = model.generate(AFTER.replace(M, ""), draft="none", **ask)
-        drafted = model.generate(AFTER.replace(M, ""), draft="lookup", **ask)
+        drafted = model.generate(AFTER.replace(M, ""), **ask)      # --draft auto: lookup here
         assert drafted == plain and plain
-        assert model.stats.as_dict()["speculation"]["drafted"] > 0
+        spec = model.stats.as_dict()["speculation"]
+        assert spec["drafter"] == "lookup" and spec["drafted"] > 0
 
 
 # -- exhaustive: more draft lengths, the target's own file as its draft, a long context ---------
@@ -216,6 +217,8 @@ def test_past_512_cells_with_an_image_speculation_stays_exact(vision, self_draft
     """Past 512 cells a single decode step would take another attention kernel than a
     verification row unless steered (backends/llama/steer.py): the image's cells included."""
     words = ", ".join(f"item {i}" for i in range(120))
+    loaded, pictures, _, _ = vision
+    assert len(_tokens(loaded.session, f"{M}{words}.", [pictures["big"]])) > 512
     _check(vision, self_draft, [(f"{M}{words}. Repeat the list exactly.", ["big"])],
            limits=Limits(64))
     _check(vision, PromptLookup(), [(f"{M}{words}. Repeat the list exactly.", ["big"])],

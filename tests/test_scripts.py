@@ -144,6 +144,7 @@ CHEAPEST = {
                      "--chunks", "1"),
     "bench_serve.py": ("smollm2", "--streams", "1", "2", "--rounds", "1", "-n", "8"),
     "bench_speculative.py": ("8", "1"),
+    "bench_speculation_media.py": ("8", "1"),
     "bench_structured.py": ("{SMOL}", "--rounds", "1", "--tokens", "32", "--llama-server"),
     "bench_thinking.py": ("smollm2", "-n", "16", "--rounds", "1"),
     "bench_tools.py": ("smollm2", "--rounds", "1", "--tokens", "64", "--no-hermes"),

@@ -135,3 +135,18 @@ def test_info_gives_the_projector_beside_a_model_file(tmp_path, smollm_path):
     assert facts["projector"] == str(projector)
     assert facts["projector_size"] == projector.stat().st_size
     assert facts["projector_compute"] == encoder_compute(read_header(projector).metadata) > 0
+
+
+def test_show_names_the_projector_beside_a_model_file(tmp_path, smollm_path):
+    import json
+    from helpers import run_cli
+    from localinfer.units import human_size
+    model = tmp_path / "tiny-vlm-Q4_1.gguf"
+    os.symlink(smollm_path, model)
+    projector = write_idefics3(tmp_path / "mmproj-tiny-vlm-f16.gguf")
+    compute = encoder_compute(read_header(projector).metadata)
+    shown = json.loads(run_cli("show", str(model), "--json", home=tmp_path / "home").stdout)
+    assert (shown["projector"], shown["projector_compute"]) == (str(projector), compute)
+    text = run_cli("show", str(model), home=tmp_path / "home").stdout
+    assert f"\nmmproj {projector} ({human_size(projector.stat().st_size)}; encoder compute " \
+        f"{human_size(compute)} an image or clip)\n" in text

@@ -38,12 +38,12 @@ def describe(ref: ModelRef, store: Store) -> dict:
     facts.update(on_disk=True, path=str(path))
     facts.update(_from_header(path))
     facts["memory"] = memory_table(path)
-    facts.update(_projector_here(path) or _planned_projector(ref.spec))
+    facts.update(projector_here(path) or _planned_projector(ref.spec))
     facts["placement"] = placement_here(path)
     return facts
 
 
-def _projector_here(path) -> dict:
+def projector_here(path) -> dict:
     """The projector beside the model file, what libmtmd reads of it (the whole file) and its
     encoder's compute for one image or clip: what `run --image` adds to the memory above."""
     from localinfer.fit.projector import projector_bytes

@@ -107,6 +107,8 @@ def _facts(display: str, path: Path, params: list[tuple[str, object, str]],
                                for name, value, source in params}
     if "special_tokens" in sections:
         facts.update(_tokens(path, header))
+        from localinfer.cli.info import projector_here
+        facts.update(projector_here(path))     # what `run --image` loads beside it, if any
     return facts
 
 
@@ -145,6 +147,11 @@ def _write_all(facts: dict) -> None:
     from localinfer.gguf.header import printable
     out = sys.stdout
     out.write(f"model  {console.clean(facts['model'])}\nfile   {console.clean(facts['path'])}\n")
+    if facts.get("projector"):
+        from localinfer.units import human_size
+        size, compute = human_size(facts["projector_size"]), facts["projector_compute"]
+        extra = f"; encoder compute {human_size(compute)} an image or clip" if compute else ""
+        out.write(f"mmproj {console.clean(facts['projector'])} ({size}{extra})\n")
     out.write("\n# parameters: `run`'s defaults for this model (options on the command line win)\n")
     out.flush()
     _write_parameters(list((n, p["value"], p["source"]) for n, p in facts["parameters"].items()))

@@ -115,16 +115,29 @@ def test_the_verdict_is_kept_and_a_changed_file_is_tried_again(bad, tmp_path, mo
     hostile.write_bytes((bad / "patch.gguf").read_bytes())
     model = bad / "model.gguf"
     with pytest.raises(UsageError, match="patch.gguf crashes"):
-        projector_check.check(model, hostile, gpu=False, threads=1, cache_file=cache)
-    projector_check.check(model, bad / "good.gguf", gpu=False, threads=1, cache_file=cache)
+        projector_check.check(model, hostile, threads=1, cache_file=cache)
+    projector_check.check(model, bad / "good.gguf", threads=1, cache_file=cache)
 
     def no_child(*args, **kwargs):
         raise AssertionError("a child was started for a known verdict")
     monkeypatch.setattr(projector_check.subprocess, "run", no_child)
     with pytest.raises(UsageError, match="patch.gguf crashes"):
-        projector_check.check(model, hostile, gpu=False, threads=1, cache_file=cache)
-    projector_check.check(model, bad / "good.gguf", gpu=False, threads=1, cache_file=cache)
+        projector_check.check(model, hostile, threads=1, cache_file=cache)
+    projector_check.check(model, bad / "good.gguf", threads=1, cache_file=cache)
     monkeypatch.undo()
     hostile.write_bytes((bad / "good.gguf").read_bytes())
     os.utime(hostile, ns=(1, 1))           # another size or time: another file, tried again
-    projector_check.check(model, hostile, gpu=False, threads=1, cache_file=cache)
+    projector_check.check(model, hostile, threads=1, cache_file=cache)
+
+
+def test_a_child_killed_from_outside_is_no_verdict(bad, tmp_path, monkeypatch):
+    """SIGKILL (the out-of-memory killer) says nothing about the file: an error (exit 1), no
+    verdict kept, the next load tries again."""
+    from localinfer.backends.llama import projector_check
+    from localinfer.errors import LocalinferError, UsageError
+    killed = subprocess.CompletedProcess([], -9, b"", b"")
+    monkeypatch.setattr(projector_check.subprocess, "run", lambda *a, **k: killed)
+    cache = tmp_path / "projectors.json"
+    with pytest.raises(LocalinferError, match="was killed") as raised:
+        projector_check.check(bad / "model.gguf", bad / "good.gguf", threads=1, cache_file=cache)
+    assert not isinstance(raised.value, UsageError) and not cache.exists()

@@ -95,7 +95,7 @@ class Projector:
         self.vision, self.audio = capabilities(path)    # a clear refusal before libmtmd reads it
         # Tensors whose shapes libmtmd never compares abort it: tried in a child first, once.
         from localinfer.backends.llama.projector_check import check
-        check(session._path, path, gpu=session.offload.gpu_layers > 0, threads=session.n_threads)
+        check(session._path, path, threads=session.n_threads)
         lib, log = bindings(), init_engine(verbose)
         # libmtmd logs through a callback of its own: into the engine's router, like libllama's.
         lib.mtmd_log_set(log._callback, None)

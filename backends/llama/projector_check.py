@@ -8,11 +8,14 @@ a graph that makes another number of tokens than the header promises aborts afte
 clip is encoded. Such a file would take the whole process with it, a server and its other clients
 too. So before this process loads a projector, a child process loads it as this one would (beside
 the model's vocabulary: its weights are not needed) and encodes one small image and one second of
-silence, as many as the projector takes. A child that dies refuses the file in one line naming it;
-one that libmtmd refuses cleanly passes on libmtmd's reason. The verdict is kept in the cache
-(`projectors.json`, cache/kinds.py) under both files' identities (path, device, inode, size,
-modification time), libmtmd's build and where it encodes (CPU or GPU), so a projector is tried
-once. What one small image and one clip do not exercise (another image size's tiles) is not tried.
+silence, as many as the projector takes, on the CPU (the shapes' faults are the graph's, not a
+device's; a GPU the parent already fills could fail the child for want of memory, which says
+nothing about the file). A child that dies of an abort or a fault refuses the file in one line
+naming it; one that libmtmd refuses cleanly passes on libmtmd's reason; one killed from outside
+(SIGKILL: the out-of-memory killer) or out of time is no verdict. The verdict is kept in the
+cache (`projectors.json`) under both files' identities (path, device, inode, size, modification
+time) and libmtmd's build, so a projector is tried once. What one small image and one clip do
+not exercise (another image size's tiles, a GPU kernel's own checks) is not tried.
 """
 
 from __future__ import annotations
@@ -37,18 +40,17 @@ _ABORT_LINE = re.compile(r"[^\s:]+\.(?:c|cc|cpp|h):\d+: (.+)")
 _IMAGE_SIDES = (48, 32)       # the child's image: small, not square
 
 
-def check(model: Path, projector: Path, *, gpu: bool, threads: int,
-          cache_file: Path | None = None) -> None:
+def check(model: Path, projector: Path, *, threads: int, cache_file: Path | None = None) -> None:
     """Refuse `projector` (UsageError, one line) when loading it beside `model` kills a child
     process or libmtmd refuses it; remembered in `cache_file` (default: the cache's)."""
     if cache_file is None:
         from localinfer import settings
         cache_file = settings.load().cache_dir / VERDICTS
-    key = _key(model, projector, gpu)
+    key = _key(model, projector)
     known = _read(cache_file)
     entry = known.get(key)
     if not (isinstance(entry, dict) and isinstance(entry.get("ok"), bool)):
-        entry = _try(model, projector, gpu, threads)
+        entry = _try(model, projector, threads)
         if entry.pop("keep"):
             known = _read(cache_file)     # another process may have written meanwhile
             known.pop(key, None)
@@ -58,9 +60,9 @@ def check(model: Path, projector: Path, *, gpu: bool, threads: int,
         raise UsageError(f"the projector {projector.name} {str(entry.get('reason', ''))[:300]}")
 
 
-def _key(model: Path, projector: Path, gpu: bool) -> str:
+def _key(model: Path, projector: Path) -> str:
     from localinfer.backends.llama.engine import engine_version
-    return "|".join([f"v{VERSION}", engine_version(), "gpu" if gpu else "cpu",
+    return "|".join([f"v{VERSION}", engine_version(), "cpu",
                      _identity(projector), _identity(model)])
 
 
@@ -69,12 +71,12 @@ def _identity(path: Path) -> str:
     return f"{path.resolve()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def _try(model: Path, projector: Path, gpu: bool, threads: int) -> dict:
+def _try(model: Path, projector: Path, threads: int) -> dict:
     """The child's verdict: {"ok", "reason", "keep"} (keep: a verdict on the file, not on this
     moment; a time-out or a child that could not start says nothing about the file)."""
     limit = _BASE_S + _S_PER_MB * projector.stat().st_size / 1e6
     command = [sys.executable, "-m", __name__, str(model), str(projector),
-               "--gpu" if gpu else "--cpu", str(max(1, threads))]
+               "--cpu", str(max(1, threads))]
     try:
         done = subprocess.run(command, capture_output=True, timeout=limit,
                               stdin=subprocess.DEVNULL)
@@ -89,8 +91,11 @@ def _try(model: Path, projector: Path, gpu: bool, threads: int) -> dict:
         return {"ok": False, "keep": False,
                 "reason": f"was refused by llama.cpp's multimodal library: "
                           f"{out[-1] if out else 'no reason given'}"}
-    if done.returncode < 0:
+    if done.returncode < 0 and -done.returncode != signal.SIGKILL:
         return {"ok": False, "keep": True, "reason": _crash(-done.returncode, err)}
+    if done.returncode == -signal.SIGKILL:
+        raise LocalinferError(f"the process trying the projector {projector.name} was killed "
+                              "(out of memory?); try again with more memory free")
     last = err.strip().splitlines()[-1] if err.strip() else f"exit status {done.returncode}"
     raise LocalinferError(f"could not try the projector {projector.name}: {last[:300]}")
 

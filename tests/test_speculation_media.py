@@ -223,3 +223,38 @@ def test_past_512_cells_with_an_image_speculation_stays_exact(vision, self_draft
            limits=Limits(64))
     _check(vision, PromptLookup(), [(f"{M}{words}. Repeat the list exactly.", ["big"])],
            limits=Limits(64))
+
+
+@pytest.mark.exhaustive
+def test_a_seeded_sampled_run_with_a_draft_model_repeats(vision, self_draft, monkeypatch):
+    """The sampled rule with a draft model's q (MediaBlind cuts q with the tokens)."""
+    from localinfer.speculate import verify
+    loaded, pictures, chunk, _ = vision
+    prompt = _tokens(loaded.session, TWO, [pictures["wide"], pictures["big"]])
+    texts = set()
+    for clock in (1, 2):
+        monkeypatch.setattr(verify, "time", _Clock(clock))
+        self_draft.cache.clear()            # fresh, as `run` opens it: q follows its batches
+        gen = choose.speculative(loaded, KVCache(loaded.session), prompt,
+                                 SamplingParams(temperature=1.0, seed=11), Limits(32),
+                                 self_draft, max_draft=4, chunk=chunk, adaptive=False)
+        texts.add("".join(gen))
+        assert gen.stats.drafted > 0
+    assert len(texts) == 1 and "" not in texts
+
+
+@pytest.mark.exhaustive
+def test_audio_with_speculation_is_exact(tmp_path, smollm_path):
+    from helpers import load_file
+    from media_files import wav
+    from mmproj_writer import write_ultravox
+    model = smolvlm_text_model(smollm_path, tmp_path / "smolvlm-specaudio.gguf")
+    projector = write_ultravox(tmp_path / "mmproj-audio.gguf")
+    (tmp_path / "clip.wav").write_bytes(wav(1.0))
+    loaded = load_file(model, LoadOptions(n_ctx=1024, mmproj=str(projector)))
+    try:
+        clip = media.read_path(tmp_path / "clip.wav", "audio")
+        vision = (loaded, {"clip": clip}, choose.exact_chunk(loaded), tmp_path)
+        _check(vision, PromptLookup(), [(AFTER, ["clip"])])
+    finally:
+        loaded.session.close()

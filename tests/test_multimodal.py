@@ -54,6 +54,7 @@ def test_an_image_is_answered_the_same_cold_and_from_the_prompt_cache(mm, tmp_pa
     assert "prompt cache: hit" not in other.stderr     # another picture shares no cells
 
 
+@pytest.mark.exhaustive     # the drafters' exactness with media: tests/test_speculation_media.py
 def test_run_speculates_around_an_image_and_answers_as_plain(mm, tmp_path):
     """The drafter sees the text only (tests/test_speculation_media.py); the answer is plain's."""
     plain = _run(mm, tmp_path, "vision", "--image", str(mm / "wide.png"), "--no-cache",

@@ -64,7 +64,7 @@ def _home_with_every_cache(tmp_path: Path) -> tuple[Path, dict[str, int], list[P
         list(range(80)), b"\1" * 5000)
     planted = {cache / "exact_batch.json": 300, cache / "frontier/smollm2/smollm2-F16.gguf": 7000,
                models / ".mlx/m-abc.safetensors": 900, models / ".onnx/m-abc/weights.bin": 1100,
-               cache / "digests.json": 40}
+               cache / "projectors.json": 60, cache / "digests.json": 40}
     for path, size in planted.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x" * size)
@@ -75,7 +75,7 @@ def _home_with_every_cache(tmp_path: Path) -> tuple[Path, dict[str, int], list[P
         path.write_text("# keep\n")
     (cache / "frontier/smollm2/link.gguf").symlink_to(tmp_path / "outside.txt")
     sizes = {"answers": 0, "batching": 300, "frontier": 7000 + len(str(tmp_path / "outside.txt")),
-             "mlx": 900, "onnx": 1100, "other": 40}
+             "projectors": 60, "mlx": 900, "onnx": 1100, "other": 40}
     return home, sizes, kept
 
 
@@ -105,7 +105,7 @@ def test_cache_clear_takes_the_caches_by_name(tmp_path):
     wrong = run_cli("cache", "clear", "prompt", home=home)
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == ("localinfer: error: no cache named 'prompt'; the caches are "
-                                    "prompts, answers, batching, frontier, mlx, onnx, other")
+                                    "prompts, answers, batching, frontier, projectors, mlx, onnx, other")
 
 
 def test_frontier_says_its_reference_is_an_upcast(smollm_path, tmp_path):

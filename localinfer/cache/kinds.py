@@ -21,6 +21,7 @@ from localinfer.cache import answers, prompt_cache
 
 VERDICTS = "exact_batch.json"       # speculate/choose.py: the batching check's verdicts
 FRONTIER = "frontier"               # measure/frontier.py: reference and variants per model
+PROJECTORS = "projectors.json"      # backends/llama/projector_check.py: projector files' trials
 PROMPTS = "prompts"
 ANSWERS = "answers"
 ENTRIES = {PROMPTS: prompt_cache, ANSWERS: answers}     # kinds counted and cleared by entry
@@ -43,7 +44,7 @@ class Usage:
 def kinds(conf) -> list[Kind]:
     """The caches under `conf` (settings.Settings), in the order `cache stats` lists them."""
     cache, models = conf.cache_dir, conf.models_dir
-    known = {conf.prompt_cache_dir.name, answers.FOLDER, VERDICTS, FRONTIER}
+    known = {conf.prompt_cache_dir.name, answers.FOLDER, VERDICTS, FRONTIER, PROJECTORS}
     others = tuple(p for p in _children(cache) if p.name not in known)
     return [
         Kind(PROMPTS, "prompt cache: KV states of earlier prompts", (conf.prompt_cache_dir,)),
@@ -52,6 +53,8 @@ def kinds(conf) -> list[Kind]:
         Kind("batching", "how each model batches, checked once for speculative decoding",
              (cache / VERDICTS,)),
         Kind(FRONTIER, "frontier's references and quantized variants", (cache / FRONTIER,)),
+        Kind("projectors", "image and audio projector files, each tried once in a child process",
+             (cache / PROJECTORS,)),
         Kind("mlx", "MLX conversions of GGUF files", (models / ".mlx",)),
         Kind("onnx", "ONNX exports of GGUF files and their NPU checks", (models / ".onnx",)),
         Kind("other", "anything else in the cache folder", others),

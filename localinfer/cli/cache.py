@@ -72,8 +72,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
 @app.command()
 def clear(names: list[str] = typer.Argument(None, metavar="[CACHE]...", show_default=False,
-                                            help="prompts, answers, batching, frontier, mlx, "
-                                            "onnx, other "
+                                            help="prompts, answers, batching, frontier, "
+                                            "projectors, mlx, onnx, other "
                                             "(default: all).")) -> None:
     """Empty every cache the tool writes, or the ones named."""
     from localinfer.cache import kinds

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import error_line, run_cli
+from helpers import error_line, free_port, run_cli
 from media_files import png, wav
 from mmproj_writer import smolvlm_text_model, write_idefics3, write_ultravox
 
@@ -141,3 +141,15 @@ def test_a_child_killed_from_outside_is_no_verdict(bad, tmp_path, monkeypatch):
     with pytest.raises(LocalinferError, match="was killed") as raised:
         projector_check.check(bad / "model.gguf", bad / "good.gguf", threads=1, cache_file=cache)
     assert not isinstance(raised.value, UsageError) and not cache.exists()
+
+
+def test_serve_refuses_a_hostile_projector_beside_its_model_in_one_line(bad, tmp_path):
+    """serve MODEL loads the projector found beside the file at start: one line naming it and
+    exit 2 (it was said twice, once by the pool and once as the command's error)."""
+    (tmp_path / "m").mkdir()
+    os.link(bad / "model.gguf", tmp_path / "m" / "model.gguf")     # beside it, not a link to it
+    (tmp_path / "m" / "mmproj-patch.gguf").write_bytes((bad / "patch.gguf").read_bytes())
+    result = run_cli("serve", str(tmp_path / "m" / "model.gguf"), "--port", str(free_port()),
+                     home=tmp_path / "home", timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "mmproj-patch.gguf" in error_line(result)

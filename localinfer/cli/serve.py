@@ -195,12 +195,15 @@ def _serve(sock, models: list[str], *, idle: float, pull: bool, host: str, port:
                                          quantize_to_fit=pull))
     # Requests waiting for a model to load would have taken its slots or its queue.
     # Loads and unloads are -v's lines, as requests are; a failure is always one line.
+    # A model that fails to load at start is the command's error, said once as it exits.
+    starting = True
     pool = Pool(budget, loader.plan, loader.load, overhead=overhead, keep_alive=idle,
                 queue_limit=parallel + queue, log=console.note if verbose else lambda line: None,
-                fault=console.error)
+                fault=lambda line: starting or console.error(line))
     try:
         hosted = Models(loader, pool, pull=pull, log=console.error)
         loaded = [hosted.preload(model) for model in models]
+        starting = False
         for model in loaded:
             if defaults.system is not None and not _uses_template(model.session):
                 console.warn(f"{model.names[0]} has no chat template; --system is ignored")

@@ -2,7 +2,7 @@
 
 `pip install` compiles llama.cpp with -march=native, which also tunes for the CPU the compiler
 recognises. A GCC older than the CPU tunes for an older one: GCC before 12.3 takes an AMD Zen 4
-for a Zen 3 (-mtune=znver3), and on such a machine that build prefills 5-8% slower than the same
+for a Zen 3 (-mtune=znver3), and on such a machine that build prefills slower than the same
 code tuned generically (measured: docs/engine.md). The compiler's name and version stay in each
 library's .comment section, which stripping keeps, so the build can be told apart without symbols.
 """

@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     if COMPLETE_VAR in os.environ:   # a shell asking for completions: click's own protocol
         typer.main.get_command(app).main(args, prog_name="localinfer", complete_var=COMPLETE_VAR)
     shell.guard_standard_streams()
+    shell.redeliver_lost_interrupts()
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="replace")
     try:

@@ -104,33 +104,9 @@ def repl(loaded: LoadedModel, params: SamplingParams, *, system: str | None, lim
     if verbose:
         from localinfer.cli.gpu import say_offload
         say_offload(loaded)
-    prompts = console.interactive(sys.stdin)    # no prompts mixed into piped output
-    while (message := _next_message(prompts)) is not None:
-        text = message.text
-        if not message.block and text.strip().startswith("/"):
-            if not _command(chat, text.strip()):
-                break
-        elif text.strip():
-            turn.take(chat, text)
+    chat_input.converse(console.interactive(sys.stdin), lambda line: _command(chat, line),
+                        lambda text: turn.take(chat, text), chat)
     _save_history(history_file)
-
-
-def _next_message(prompts: bool) -> chat_input.Message | None:
-    """The user's next message; an empty one after Ctrl-C (which drops what was being typed);
-    None at the end of input."""
-    try:
-        return chat_input.read_message(lambda prompt: shell.chat_line(lambda: input(prompt)),
-                                       prompts=prompts)
-    except chat_input.Unfinished:
-        sys.stderr.write("\n")
-        console.note("the input ended inside a message of several lines; it was not sent")
-        return None
-    except EOFError:
-        sys.stderr.write("\n")
-        return None
-    except KeyboardInterrupt:
-        sys.stderr.write("\n")
-        return chat_input.Message("")
 
 
 def _command(chat: _Chat, line: str) -> bool:
@@ -253,10 +229,6 @@ class _Turn:
         except UsageError as e:     # a message the template cannot keep as text: this one only
             messages.pop()
             console.error(str(e))
-            return
-        except KeyboardInterrupt:   # Ctrl-C before the reply began: as if it was never asked
-            sys.stderr.write("\n")
-            messages.pop()
             return
         if finish == "interrupted" and not reply:
             messages.pop()      # nothing came: no empty answer in the conversation

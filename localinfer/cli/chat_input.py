@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from localinfer.cli import console, shell
 
 PROMPT, MORE = ">>> ", "... "
 QUOTES = '"""'
@@ -108,3 +111,41 @@ def _attributes(stdin) -> list | None:
         return termios.tcgetattr(fd) if os.isatty(fd) else None
     except (AttributeError, OSError, ValueError, termios.error):
         return None
+
+
+def converse(prompts: bool, command: Callable[[str], bool], take: Callable[[str], None],
+             chat) -> None:
+    """Read messages (with prompts when `prompts`) and obey or answer each, until the input ends
+    or a command ends the chat. A Ctrl-C after a message is read and before its reply begins
+    (a module still loading, the prompt being rendered) drops that message, as if never asked:
+    the reply itself keeps what came, and the chat goes on."""
+    while (message := _next_message(prompts)) is not None:
+        try:
+            text = message.text
+            if not message.block and text.strip().startswith("/"):
+                if not command(text.strip()):
+                    return
+            elif text.strip():
+                take(text)
+        except KeyboardInterrupt:
+            sys.stderr.write("\n")
+            if chat.messages and chat.messages[-1]["role"] == "user":   # never answered
+                chat.messages.pop()
+
+
+def _next_message(prompts: bool) -> Message | None:
+    """The user's next message; an empty one after Ctrl-C (which drops what was being typed);
+    None at the end of input."""
+    try:
+        return read_message(lambda prompt: shell.chat_line(lambda: input(prompt)),
+                            prompts=prompts)
+    except Unfinished:
+        sys.stderr.write("\n")
+        console.note("the input ended inside a message of several lines; it was not sent")
+        return None
+    except EOFError:
+        sys.stderr.write("\n")
+        return None
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return Message("")

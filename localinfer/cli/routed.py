@@ -150,21 +150,15 @@ def chat(router: Router, *, system: str | None, ask: Ask, fit: FitOptions, repor
 
     from localinfer import routing
     from localinfer.cli import chat as chat_repl
+    from localinfer.cli import chat_input
     pool = routing.Pool(replace(fit, quant="auto"), report, backend=backend, threads=threads,
                         engine_log=engine_log, keep_cells=True)
     history = chat_repl._setup_readline()
     talk = _Talk(router, pool, ask, system, verbose, show_trace)
     console.note(f"router {router.name} ready ({', '.join(router.models)}) · /help lists the "
                  "commands; /bye or Ctrl-D leaves")
-    prompts = console.interactive(sys.stdin)    # no prompts mixed into piped output
-    try:
-        while (message := chat_repl._next_message(prompts)) is not None:
-            text = message.text
-            if not message.block and text.strip().startswith("/"):
-                if not talk.command(text.strip()):
-                    break
-            elif text.strip():
-                talk.take(text)
+    try:        # no prompts mixed into piped output
+        chat_input.converse(console.interactive(sys.stdin), talk.command, talk.take, talk)
     finally:
         pool.close()
         chat_repl._save_history(history)
@@ -215,10 +209,6 @@ class _Talk:
             self.messages.pop()
             console.error(str(e) + ("; /clear starts a new conversation"
                                     if "context" in str(e) else ""))
-            return
-        except KeyboardInterrupt:       # before the reply began: as if it was never asked
-            sys.stderr.write("\n")
-            self.messages.pop()
             return
         reply = self._close(made, out)
         if made.stats.finish_reason == "interrupted" and not reply:

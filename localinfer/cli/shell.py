@@ -238,6 +238,27 @@ def guard_standard_streams() -> None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
 
 
+def redeliver_lost_interrupts() -> None:
+    """Python raises KeyboardInterrupt wherever the main thread is when Ctrl-C comes. In a
+    garbage-collector callback or a __del__ (gen-0 collections run hundreds of times a second
+    while a reply streams) it is printed as "Exception ignored" and dropped, and the reply goes
+    on as if no key had been pressed. Such a Ctrl-C is delivered again, from another thread a
+    moment later, when the callback is over."""
+    previous = sys.unraisablehook
+    if getattr(previous, "redelivers", False):
+        return
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            import _thread
+            import threading
+            threading.Timer(0.01, _thread.interrupt_main).start()
+            return
+        previous(unraisable)
+    hook.redelivers = True
+    sys.unraisablehook = hook
+
+
 def quiet_broken_pipe() -> None:
     """The reader of stdout (e.g. `head`) went away: a normal end in a pipeline. What is still
     buffered goes to /dev/null, so Python's flush at exit neither fails nor prints."""

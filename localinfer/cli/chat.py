@@ -17,7 +17,7 @@ from typing import Callable
 
 from localinfer import settings
 from localinfer.cache import prompt_cache
-from localinfer.cli import chat_input, console, shell
+from localinfer.cli import chat_input, console
 from localinfer.engine import chat_window
 from localinfer.engine.constrain import ConstrainedSampler
 from localinfer.engine.decode import Generation, Limits

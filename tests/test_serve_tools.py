@@ -75,6 +75,10 @@ def test_none_answers_in_text(served, name):
     assert reply.choices[0].message.content
 
 
+# exhaustive: test_streamed_arguments_come_as_decoded_on_every_endpoint streams the same required
+# call on the chat endpoint for both formats by default, and checks its id, finish reason and
+# arguments against the whole reply's; this one's parallel calls are test_serve_toolformats'.
+@pytest.mark.exhaustive
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["hermes", "generic"])
 def test_streamed_calls(served, name):
@@ -105,7 +109,9 @@ def test_streamed_arguments_come_as_decoded_on_every_endpoint(served, name):
     with client.chat.completions.stream(**ask) as stream:
         pieces["chat"] = [e.arguments_delta for e in stream
                           if e.type == "tool_calls.function.arguments.delta" and e.index == 0]
-        streamed = stream.get_final_completion().choices[0].message.tool_calls
+        final = stream.get_final_completion().choices[0]
+    streamed = final.message.tool_calls
+    assert final.finish_reason == "tool_calls" and streamed[0].id, final
     whole = client.chat.completions.create(**ask).choices[0].message.tool_calls
     assert [(c.function.name, c.function.arguments) for c in streamed] == \
         [(c.function.name, c.function.arguments) for c in whole]

@@ -86,7 +86,11 @@ def _streamed_text(chat, **extra) -> tuple[list[str], str]:
     return pieces, "".join(pieces)
 
 
-@pytest.mark.parametrize("ask", ["Say hello to Ann.", "Write one word."])
+# exhaustive: a greeting's text through every client is test_redteam_requests'
+# test_a_text_answer_reaches_every_client_without_the_wrapper's by default; the one-word answer,
+# shorter than what the wrapper holds back, is the case likelier to break.
+@pytest.mark.parametrize("ask", [pytest.param("Say hello to Ann.", marks=pytest.mark.exhaustive),
+                                 "Write one word."])
 def test_text_answers_beside_tools_never_show_the_wrapper(chat, messages, ask):
     """SmolLM2 speaks the generic format (`{"response": ...}`): its text reaches clients as text,
     streamed as it is decoded, whole, and through the Anthropic API alike."""

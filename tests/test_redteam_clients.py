@@ -76,6 +76,9 @@ def json_reply(status: int, value: object, headers: dict | None = None) -> Respo
     return respond
 
 
+POLL_S = 0.02      # how often the hostile servers' loops look for a shutdown
+
+
 @pytest.fixture
 def hostile():
     """serve(respond, host) -> (url, asked): a server answering every request with `respond`."""
@@ -86,7 +89,8 @@ def hostile():
         handler = type("Handler", (_Handler,), {"respond": staticmethod(respond), "asked": asked})
         server = ThreadingHTTPServer((host, 0), handler)
         server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, at every test's end
+        threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
         servers.append(server)
         return f"http://{host}:{server.server_address[1]}", asked
     yield serve
@@ -453,7 +457,7 @@ def _serving(respond: Respond):
     handler = type("Handler", (_Handler,), {"respond": staticmethod(respond), "asked": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:

@@ -7,6 +7,7 @@ its own). The pool's own rules (budget, eviction, waiting) are tests/test_pool.p
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import urllib.error
 import urllib.request
@@ -190,11 +191,20 @@ def test_show_describes_a_model_without_loading_it(server):
     assert missing.value.status_code == 404
 
 
-def test_pull_lets_a_request_fetch_a_catalogue_model_it_waits_for(tmp_path):
+def test_pull_lets_a_request_fetch_a_catalogue_model_it_waits_for(models_home, tmp_path):
     """serve --pull: a request for a catalogue model not on disk pulls it (through the same path
     as `localinfer pull`, the log saying so) and is answered once it is loaded."""
+    # A home holding SmolLM2 alone (linked from the shared store, not pulled again) and the
+    # batching verdicts made there (pull's probe is tests/test_pull_progress.py's): what runs
+    # here is Gemma's pull through the server.
     home = tmp_path / "home"
-    assert run_cli("pull", SMOLLM, home=home).returncode == 0
+    kept = home / "data/models/smollm2-135m-instruct"
+    kept.mkdir(parents=True)
+    shared = models_home / "data/models/smollm2-135m-instruct/smollm2-135m-instruct-Q4_1.gguf"
+    (kept / shared.name).symlink_to(shared)
+    (home / "cache").mkdir()
+    if (models_home / "cache/exact_batch.json").is_file():
+        shutil.copy(models_home / "cache/exact_batch.json", home / "cache/exact_batch.json")
     proc, url = start_server(SMOLLM, "--pull", "-v", env={"LOCALINFER_HOME": str(home)},
                              offline=False)
     try:

@@ -119,6 +119,10 @@ def test_pull_probes_and_the_first_run_reuses_it(home):
     print(f"first run after pull: {time.perf_counter() - start:.1f} s")
 
 
+# exhaustive: test_redteam_caches.py's test_quantize_makes_the_check_when_asked shows this by
+# default (quantize --check-batching: one probe, one verdict, nothing on stdout); this one names
+# the model by its store name instead of its file.
+@pytest.mark.exhaustive
 def test_quantize_probes_the_new_type_when_asked(home, smollm_path):
     models = home / "data" / "models" / "smollm2-135m-instruct"
     models.mkdir(parents=True)

@@ -25,10 +25,7 @@ ITEMS = [
      "answer": 1},
     {"question": "Which one is a fruit?", "choices": ["a chair", "a stone", "an apple"],
      "answer": 2},
-    {"question": "What is two plus two?", "choices": ["five", "three", "four"], "answer": 2},
-    {"question": "Where do fish live?", "choices": ["in water", "in trees", "in the sky"],
-     "answer": 0},
-]
+]       # three items, each answer position once: every request is the same kind of call
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ def test_quantize_makes_the_check_when_asked(smollm_path, tmp_path):
     made = run_cli("quantize", str(smollm_path), "--type", "Q8_0", "--allow-requantize", "-o",
                    str(out), "--check-batching", home=home)
     assert made.returncode == 0, made.stderr
+    assert made.stdout == ""
     assert sum(CHECK in line for line in made.stderr.splitlines()) == 1
     verdicts = json.loads((home / "cache/exact_batch.json").read_text())["verdicts"]
     assert len(verdicts) == 1

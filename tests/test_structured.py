@@ -124,13 +124,19 @@ def _speculative(loaded: LoadedModel, schema: dict, prompt: list[int], drafter, 
     return "".join(generation), generation.stats
 
 
+# Two people, not four: the second repeats the first's keys for lookup to copy, at half the tokens.
+PAIR = {**PEOPLE, "properties": {"people": {**PEOPLE["properties"]["people"],
+                                            "minItems": 2, "maxItems": 2}}}
+
+
 def test_speculation_keeps_the_constrained_answer_and_never_a_rejected_guess(smollm):
-    prompt = prompt_tokens(smollm, "Four fictional people as JSON:")
-    plain, _ = _constrained(smollm, PEOPLE, "Four fictional people as JSON:")
+    prompt = prompt_tokens(smollm, "Two fictional people as JSON:")
+    plain, _ = _constrained(smollm, PAIR, "Two fictional people as JSON:")
+    assert len(_valid(plain, PAIR)["people"]) == 2
     bad = smollm.session.tokenize(" zebra!!", special=False)
-    hostile, stats = _speculative(smollm, PEOPLE, prompt, _Hostile(bad))
+    hostile, stats = _speculative(smollm, PAIR, prompt, _Hostile(bad))
     assert hostile == plain and stats.drafted > 0 and stats.accepted == 0
-    lookup, stats = _speculative(smollm, PEOPLE, prompt, PromptLookup())
+    lookup, stats = _speculative(smollm, PAIR, prompt, PromptLookup())
     assert lookup == plain and stats.accepted > 0
 
 

@@ -77,8 +77,9 @@ def test_speculation_is_exact_across_the_end_of_the_trace(thinking, drafter):
 
 
 def test_prompt_cache_cold_equals_warm_with_a_trace(thinking, tmp_path):
-    # The cache keeps long prompts (whole batches of them): a page of notes, then the question.
-    notes = " ".join(f"Note {i}: the sky was clear on day {i}." for i in range(60))
+    # The cache keeps prompts of whole batches (64 tokens and more): notes, then the question;
+    # about 300 tokens of them, several such batches, at a third of the prefill of a page.
+    notes = " ".join(f"Note {i}: the sky was clear on day {i}." for i in range(20))
     args = (thinking, f"{notes}\n\n{QUESTION}", *GREEDY, "-n", "32", "--think-budget", "5")
     home = tmp_path / "home"
     cold = run_cli("run", *args, "--json", home=home)

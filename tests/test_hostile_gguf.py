@@ -135,7 +135,11 @@ def bad_real(request, tmp_path_factory, models_home):
     path.unlink()
 
 
-@pytest.mark.parametrize("backend", ["llama.cpp", "mlx", "onnx"])
+# exhaustive: the CLI refuses from the header before it picks a backend, so --backend mlx and
+# onnx run the same check as llama.cpp's case here; each backend's own check is
+# test_every_loader_checks_real_hyperparameters[mlx] and [onnx], by default.
+@pytest.mark.parametrize("backend", ["llama.cpp", pytest.param("mlx", marks=pytest.mark.exhaustive),
+                                     pytest.param("onnx", marks=pytest.mark.exhaustive)])
 def test_real_hyperparameters_out_of_range_are_refused(bad_real, backend):
     path, words = bad_real
     line = refusal(run_cli("run", str(path), *RUN, "--backend", backend))

@@ -17,7 +17,8 @@ from helpers import GEMMA, SMOLLM, start_server
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
-_DOC = " ".join(f"Item {i} is a {('red', 'blue', 'green')[i % 3]} box." for i in range(40))
+# 24 items, about 210 tokens: starts shared over several of the cache's 64-token grains
+_DOC = " ".join(f"Item {i} is a {('red', 'blue', 'green')[i % 3]} box." for i in range(24))
 SHORT = "The three primary colours are"
 LONG = _DOC + " Which colour is item 7?"
 # What the server answers before each repeat of a target: each shares a start of another length
@@ -54,35 +55,36 @@ def _feed(plan: dict, big):
 
 
 def test_a_small_request_behind_one_that_asked_for_the_whole_pool_starts_at_once(smollm_path):
-    batch, scheduler = _scheduler(smollm_path, 512, 2)      # a share is 256 cells
-    big = _job(list(range(1000, 1150)), 32000)              # asks for far more than the pool
-    small = _job(list(range(2000, 2040)), 16)
+    # The smallest pool (fewer steps to fill it): a share is 128 cells
+    batch, scheduler = _scheduler(smollm_path, 256, 2)
+    big = _job(list(range(1000, 1075)), 32000)              # asks for far more than the pool
+    small = _job(list(range(2000, 2020)), 8)
     seen: dict = {}
     small.on_text = lambda text: seen.setdefault("big_at_start", len(big.tokens))
     done: list = []
-    # Handed over when big holds 490 of the 512 cells: small's 56 are not free.
+    # Handed over when big holds 245 of the 256 cells: small's 28 are not free.
     scheduler.run([big], lambda job: done.append((job, len(big.tokens))),
-                  _feed({340: [small]}, big))
+                  _feed({170: [small]}, big))
     # It started in the step after it came (big paused to give its cells back), not when big ended.
-    assert seen["big_at_start"] <= 341, seen
+    assert seen["big_at_start"] <= 171, seen
     assert [(job is small, n) for job, n in done][0] == (True, seen["big_at_start"])
-    # Big continued from the cells it kept and still got all its context: 512 - 150 + 1 tokens.
-    assert (small.error, small.stats.finish_reason, len(small.tokens)) == (None, "length", 16)
-    assert (big.error, big.stats.finish_reason, len(big.tokens)) == (None, "context", 363)
+    # Big continued from the cells it kept and still got all its context: 256 - 75 + 1 tokens.
+    assert (small.error, small.stats.finish_reason, len(small.tokens)) == (None, "length", 8)
+    assert (big.error, big.stats.finish_reason, len(big.tokens)) == (None, "context", 182)
     batch.close()
 
 
 def test_a_large_request_waiting_for_room_does_not_hold_up_a_small_one_behind_it(smollm_path):
-    batch, scheduler = _scheduler(smollm_path, 512, 3)      # a share is 170 cells
-    first, second = (_job(list(range(start, start + 300)), 100) for start in (1000, 3000))
-    small = _job(list(range(2000, 2040)), 8)
+    batch, scheduler = _scheduler(smollm_path, 256, 3)      # a share is 85 cells
+    first, second = (_job(list(range(start, start + 150)), 50) for start in (1000, 3000))
+    small = _job(list(range(2000, 2020)), 8)
     order: list = []
     scheduler.run([first], lambda job: order.append(job),
-                  _feed({20: [second], 30: [small]}, first))
-    # second needs 301 cells while first holds more than the rest: it waits, and small (48),
+                  _feed({10: [second], 15: [small]}, first))
+    # second needs 151 cells while first holds more than the rest: it waits, and small (28),
     # behind it, does not wait with it.
     assert order[0] is small, [len(j.prompt) for j in order]
-    for job, n in ((first, 100), (second, 100), (small, 8)):
+    for job, n in ((first, 50), (second, 50), (small, 8)):
         assert (job.error, job.stats.finish_reason, len(job.tokens)) == (None, "length", n)
     batch.close()
 

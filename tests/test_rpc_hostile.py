@@ -166,9 +166,9 @@ def test_a_worker_gone_between_the_probe_and_ggml_is_one_line_not_an_abort():
 
 
 def test_a_worker_that_never_answers_ggml_is_given_up_on():
-    """The relay's deadline made 2 s (10 s by default, which test_rpc_workers'
-    test_serve_answers_with_layers_on_a_worker waits out on a busy real worker): the same
-    giving up, sooner."""
+    """The relay's deadline made 2 s in this run: the same giving up, sooner. (Its default is
+    10 s, as the probe's, whose whole wait test_rpc_workers'
+    test_serve_answers_with_layers_on_a_worker sits out on a busy real worker.)"""
     worker = Worker(silent)
     code = ("import localinfer.backends.llama.rpc_relay as relay; relay.ANSWER_SECONDS = 2\n"
             "import sys; from localinfer.cli.app import main\n"

@@ -186,7 +186,7 @@ def test_a_hostile_entry_is_refused_dropped_in_one_line_and_never_replayed(tmp_p
 
 # -- run, map and the Python API on SmolLM2 -----------------------------------------------------
 
-RUN = ("--temp", "0", "-n", "24", "--draft", "none")
+RUN = ("--temp", "0", "-n", "12", "--draft", "none")     # replayed byte for byte at any length
 
 
 def test_run_replays_the_answer_byte_for_byte(smollm_path, tmp_path):

@@ -37,8 +37,11 @@ def mm(tmp_path_factory, smollm_path) -> Path:
 
 
 def _run(mm: Path, home: Path, kind: str, *args: str):
+    """A greedy run; plain decoding unless `args` name a drafter: a lookup draft would first
+    probe how the model batches in each test's fresh home (test_exactness_key.py's subject)."""
+    draft = () if "--draft" in args else ("--draft", "none")
     return run_cli("run", str(mm / kind / "model.gguf"), PROMPT, "--temp", "0", "-n", "12",
-                   *args, home=home)
+                   *draft, *args, home=home)
 
 
 def test_an_image_is_answered_the_same_cold_and_from_the_prompt_cache(mm, tmp_path):
@@ -91,10 +94,11 @@ def test_python_generate_with_images_is_run(mm, tmp_path, monkeypatch):
     image = mm / "small.png"
     cli = _run(mm, tmp_path, "vision", "--image", str(image), "--no-cache")
     with localinfer.load(str(mm / "vision" / "model.gguf")) as model:
-        text = model.generate(PROMPT, images=[image], temperature=0, max_tokens=12, cache=False)
+        text = model.generate(PROMPT, images=[image], temperature=0, max_tokens=12, cache=False,
+                              draft="none")
         assert text == cli.stdout.rstrip("\n")
         again = model.generate(PROMPT, images=[image.read_bytes()], temperature=0,
-                               max_tokens=12, cache=False)
+                               max_tokens=12, cache=False, draft="none")
         assert again == text                       # bytes or a path: the same medium
         with pytest.raises(localinfer.errors.UsageError, match="takes no"):
             model.generate(PROMPT, audio=[mm / "clip.wav"])

@@ -42,6 +42,18 @@ def _path(request, name: str) -> Path:
     return request.getfixturevalue("smollm_path" if name == "smollm" else "gemma_path")
 
 
+@pytest.fixture(scope="module")
+def float64_smollm(smollm_path) -> Float64Model:
+    """SmolLM2's float64 reference, dequantized once for the module's default tests."""
+    return Float64Model(smollm_path)
+
+
+def _float64(request, name: str) -> Float64Model:
+    if name == "smollm":
+        return request.getfixturevalue("float64_smollm")
+    return Float64Model(_path(request, name))      # Gemma's (exhaustive or a parting): not kept
+
+
 # -- exact arithmetic: the model itself ----------------------------------------------------------------
 def _teacher_forced(session: OnnxSession, tokens: list[int], prefill: int, chunk: int) -> np.ndarray:
     """Logits of every position: a prefill, continuations of `chunk` tokens, then single steps
@@ -61,7 +73,7 @@ def _check_exact(request, name: str, n: int) -> None:
     tokens = _text_tokens(session, n)
     ours = _teacher_forced(session, tokens, prefill=n - 40, chunk=18)
     session.close()
-    exact = Float64Model(path).logits(tokens)
+    exact = _float64(request, name).logits(tokens)
     top1 = (ours.argmax(-1) == exact.argmax(-1)).mean()
     divergence = kl(exact, ours)
     print(f"{name}: {n} tokens, top-1 {top1:.4f}, mean KL {divergence.mean():.2e}, "
@@ -81,7 +93,7 @@ def test_exact_against_a_float64_forward_512_tokens(request, name):
     _check_exact(request, name, 512)
 
 
-def test_the_static_form_is_exact_too(smollm_path):
+def test_the_static_form_is_exact_too(smollm_path, float64_smollm):
     """The NPU form (fixed shapes, plain ops, host-owned cache) through the same Session, here on
     the CPU provider: a padded prefill call, single steps, a trim and a continuation."""
     session = OnnxSession(smollm_path, LoadOptions(n_ctx=128),
@@ -94,7 +106,7 @@ def test_the_static_form_is_exact_too(smollm_path):
     assert session.trim(42)
     rows.append(session.eval(tokens[42:], logits="all"))
     session.close()
-    ours, exact = np.concatenate(rows), Float64Model(smollm_path).logits(tokens)
+    ours, exact = np.concatenate(rows), float64_smollm.logits(tokens)
     assert (ours.argmax(-1) == exact.argmax(-1)).all() and kl(exact, ours).mean() < 1e-8
 
 
@@ -136,7 +148,7 @@ def test_greedy_follows_llama_cpp(request, pair):
     same = first_difference(ours, theirs)
     if same is None:
         return
-    gap = exact_gap(Float64Model(_path(request, name)), prompt + theirs[:same], ours[same],
+    gap = exact_gap(_float64(request, name), prompt + theirs[:same], ours[same],
                     theirs[same])
     print(f"{name}: the first {same} of 16 greedy tokens equal llama.cpp's; exact gap there {gap:.3f}")
     assert gap < PARTING_TOLERANCE, (same, gap)

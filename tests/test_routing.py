@@ -113,12 +113,15 @@ def test_rules_route_by_what_the_request_holds_through_load(models, home, monkey
     small, large = str(models["small"]), str(models["large"])
     with localinfer.load("pick") as model:
         assert model.name == "pick"
-        model.generate("Hi.", temperature=0, max_tokens=4)
+        # draft="none" throughout: the routes are under test, and a lookup draft would first
+        # probe how each model batches in this fresh home (test_exactness_key.py's subject).
+        model.generate("Hi.", temperature=0, max_tokens=4, draft="none")
         assert model.route == {"routed_to": small, "rule": "default"}
-        assert model.generate("Is water wet?", grammar=GRAMMAR, temperature=0) in ("yes", "no")
+        assert model.generate("Is water wet?", grammar=GRAMMAR, temperature=0,
+                              draft="none") in ("yes", "no")
         assert model.route == {"routed_to": large, "rule": "rule 1"}
         model.generate("Summarise: " + "the sea is wide and deep. " * 10, temperature=0,
-                       max_tokens=4)
+                       max_tokens=4, draft="none")
         assert model.route == {"routed_to": large, "rule": "rule 2"}
         got = model.generate(PROMPT, temperature=0, max_tokens=24, draft="none",
                              priority="high")           # to the cascade `up`
@@ -161,7 +164,7 @@ def test_run_priority_feeds_a_rule_routers_priority_rules(models, home, own):
     assert result.returncode == 0, result.stderr
     assert result.stdout == own["large"]        # rule 3 sends it to the cascade `up`
     assert f"router up: answered by {models['large']}" in result.stderr
-    plain = run_cli("run", str(models["small"]), "Hi", "-n", "1", "--offline", "--priority",
-                    "high", "-v", home=home)
+    plain = run_cli("run", str(models["small"]), "Hi", "-n", "1", "--offline", "--draft", "none",
+                    "--priority", "high", "-v", home=home)
     assert plain.returncode == 0, plain.stderr
     assert "--priority high: ignored" in plain.stderr

@@ -306,7 +306,10 @@ def gemma_wearing(template: str, gemma_path, directory) -> str:
 
 # Three servers: SmolLM2 as itself and Gemma 3 wearing its instruct template (no tools in
 # either: llama.cpp's generic JSON format), SmolLM2 wearing Qwen 2.5's (the Hermes format).
-@pytest.fixture(scope="module", params=["smollm2", "gemma3", "hermes"])
+# exhaustive: SmolLM2 as itself repeats the generic format gemma3 runs by default, on the weights
+# and vocabulary hermes runs by default (the closing is serve's for every template).
+@pytest.fixture(scope="module", params=[pytest.param("smollm2", marks=pytest.mark.exhaustive),
+                                        "gemma3", "hermes"])
 def served(request, models_home, gemma_path, tmp_path_factory):
     """A server with -v (its request log on stderr), the openai client, the model's name."""
     work = tmp_path_factory.mktemp(request.param)

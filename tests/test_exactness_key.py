@@ -39,10 +39,15 @@ def variants(smollm_path: Path, tmp_path_factory) -> dict[str, Path]:
     return {"shipped": smollm_path, "template": other, "Q8_0": q8}
 
 
-def verdict(path: Path, cache_file: Path) -> tuple[int, list[str]]:
+# The keying tests probe in a short context: one prefix compared instead of the many of run's, and
+# the key, the file and the notes are the same whatever the context.
+SHORT_CTX = 64
+
+
+def verdict(path: Path, cache_file: Path, n_ctx: int = 512) -> tuple[int, list[str]]:
     """The verdict for `path` through the cache, and the notes said before any probe."""
     notes: list[str] = []
-    loaded = load_file(path, LoadOptions(n_ctx=512), backend="llama.cpp")
+    loaded = load_file(path, LoadOptions(n_ctx=n_ctx), backend="llama.cpp")
     try:
         value = exactness.exact_batch(loaded.session, path, "llama.cpp", cache_file,
                                       notify=notes.append)
@@ -61,15 +66,15 @@ def test_the_copy_really_differs_only_in_its_template(variants):
 
 def test_a_copy_with_another_template_reuses_the_verdict(variants, tmp_path):
     cache_file = tmp_path / "exact_batch.json"
-    first, notes = verdict(variants["shipped"], cache_file)
+    first, notes = verdict(variants["shipped"], cache_file, SHORT_CTX)
     assert len(notes) == 1 and notes[0].startswith(NOTE) and notes[0].endswith(" s"), notes
     assert 1 <= first <= exactness.MAX_PROBED
 
-    again, notes = verdict(variants["template"], cache_file)
+    again, notes = verdict(variants["template"], cache_file, SHORT_CTX)
     assert (again, notes) == (first, [])
     assert len(json.loads(cache_file.read_text())["verdicts"]) == 1
 
-    _, notes = verdict(variants["Q8_0"], cache_file)          # another weight type: probed anew
+    _, notes = verdict(variants["Q8_0"], cache_file, SHORT_CTX)    # another weight type: anew
     assert len(notes) == 1 and notes[0].startswith(NOTE)
     assert len(json.loads(cache_file.read_text())["verdicts"]) == 2
 
@@ -91,7 +96,7 @@ def test_a_shorter_context_s_verdict_is_not_reused_by_a_longer_one(variants, tmp
 def test_a_damaged_verdict_file_is_probed_again(variants, tmp_path):
     cache_file = tmp_path / "exact_batch.json"
     cache_file.write_text('{"verdicts": {"x": 3}, "slowdown": {"llama.cpp|t2": "fast"}}')
-    value, notes = verdict(variants["shipped"], cache_file)
+    value, notes = verdict(variants["shipped"], cache_file, SHORT_CTX)
     assert len(notes) == 1 and 1 <= value <= exactness.MAX_PROBED
 
 

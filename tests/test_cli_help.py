@@ -138,7 +138,7 @@ def test_top_k_changes_what_map_samples(models_home):
     assert greedy[0] == greedy[1] == run_cli("map", SMOLLM, "{}", "-n", "12", "--temp", "0",
                                              input=lines).stdout
     sampled = {run_cli(*args, "--top-k", "0", "--seed", seed, input=lines).stdout
-               for seed in ("1", "2", "3")}
+               for seed in ("1", "2")}              # two seeds part at that temperature
     assert len(sampled) > 1
 
 

@@ -191,6 +191,11 @@ def _longest_entry(store: PromptCache) -> Path:
     indirect=["session"])
 def test_bad_entry_is_detected_dropped_and_recomputed(session, tmp_path, damage):
     a, _ = _prompts(session)
+    if not session.sliding_window:
+        # One entry per prompt here (Gemma 3's checkpoints every 512 tokens need the long one, to
+        # fall back on an intact shorter one): a short prompt is checked alike, for a third of
+        # the prefill.
+        a = a[:300]
     if damage == "other_model":
         # The same prompt cached for another model file, copied where this model looks.
         other = _store(session, tmp_path, model_mtime_ns=1)

@@ -70,7 +70,7 @@ def peak_rss_of_run(model: Path, ctx: int, *args: str, home: Path | None = None,
 
 
 def peaks(model: Path) -> dict[int, int]:
-    """The peak of a run at each of CONTEXTS, both at once: peak memory does not mind the sharing."""
+    """The peak of a run at each of CONTEXTS, both at once (peak memory does not mind sharing)."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(len(CONTEXTS)) as pool:
         return dict(zip(CONTEXTS, pool.map(lambda ctx: peak_rss_of_run(model, ctx), CONTEXTS)))
@@ -96,8 +96,9 @@ def test_estimate_within_ten_percent_of_peak_rss(variants, label: str, qtype: st
         assert abs(estimated / measured - 1) <= 0.10, (label, qtype, ctx, estimated, measured)
 
 
-# exhaustive: SmolLM2's first runs repeat Gemma 3's on the same estimate; Gemma 3's is the likelier
-# to break (its 262k-token logits rows, its repacked Q4_K) and, with its sliding window, the cheaper.
+# exhaustive: SmolLM2's first runs repeat Gemma 3's on the same estimate; Gemma 3's is the
+# likelier to break (its 262k-token logits rows, its repacked Q4_K) and, with its sliding window,
+# the cheaper.
 @pytest.mark.slow
 @pytest.mark.parametrize("label", [pytest.param("smollm", marks=EXHAUSTIVE), "gemma"])
 def test_estimate_holds_on_first_runs_and_long_prompts(smollm_path, gemma_path, tmp_path,

@@ -88,6 +88,11 @@ def _warm_equals_cold(session, store, prompt: list[int]) -> int:
     return cache.last_event.restored
 
 
+# exhaustive: SmolLM2's case takes Gemma 3's path (both prompts are under the window, so neither
+# is rigid); Gemma 3's repacked Q4_K kernels, which group a batch's rows, are the likelier to part
+# the smaller batch from the larger one.
+@pytest.mark.parametrize("session", _cases(("smollm",), ("gemma",), exhaustive=(("smollm",),)),
+                         indirect=True)
 def test_prompts_within_one_batch_are_identical_cold_and_warm(session, tmp_path):
     # Shorter than n_batch and Gemma's window: a cold run is one batch, a warm one restores a state
     # made from a longer prompt, trims it back and evaluates the rest in a smaller batch.
@@ -224,7 +229,8 @@ def test_bad_entry_is_detected_dropped_and_recomputed(session, tmp_path, damage)
 
 
 def test_run_twice_hits_the_cache_and_prints_the_same(smollm_path, tmp_path):
-    prompt = _text(1200)
+    # About 150 tokens: past the 64 a kept entry needs (the long prompts run in-process above).
+    prompt = _text(600)
     args = ("run", str(smollm_path), prompt, "--temp", "0", "-n", "16", "--draft", "none", "-v")
     cold = run_cli(*args, home=tmp_path)
     warm = run_cli(*args, home=tmp_path)

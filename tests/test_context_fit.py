@@ -210,9 +210,8 @@ def gemma_document(gemma_path) -> str:
 
 @pytest.mark.slow
 def test_a_long_piped_document_gets_the_context_it_needs(gemma_path, gemma_document, tmp_path):
-    # On Gemma 3 (a raw prompt: no template), whose sliding-window layers and repacked weights
-    # prefill this document much faster than SmolLM2's, and whose cache restores it from a
-    # checkpoint.
+    # On Gemma 3, whose sliding-window layers and repacked weights prefill this document much
+    # faster than SmolLM2's, and whose cache restores it from a checkpoint.
     args = ("run", str(gemma_path), "--temp", "0", "--draft", "none", "-vv")
     # Past the default 4,096 cells, by as little as keeps the prefill short on one CPU.
     first = run_cli(*args, QUESTION, "-n", "16", input=gemma_document, home=tmp_path,

@@ -252,7 +252,9 @@ def redeliver_lost_interrupts() -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
             import _thread
             import threading
-            threading.Timer(0.01, _thread.interrupt_main).start()
+            again = threading.Timer(0.01, _thread.interrupt_main)
+            again.daemon = True     # at exit it is not waited for (nor raised into the wait)
+            again.start()
             return
         previous(unraisable)
     hook.redelivers = True
